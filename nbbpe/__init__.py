@@ -1,0 +1,7 @@
+"""nbbpe: exact, fast byte-level BPE training and encoding on Numba kernels."""
+
+from .corpus import InvalidUTF8Error
+from .pretokenize import CL100K_PATTERN, GPT2_PATTERN
+from .train import train_bpe
+
+__all__ = ["train_bpe", "InvalidUTF8Error", "GPT2_PATTERN", "CL100K_PATTERN"]

@@ -1,0 +1,151 @@
+"""Reading the corpus: checking the file, cutting it into chunks, decoding UTF-8.
+
+Chunks are byte ranges of the file. Workers read their own range, so no text crosses a pipe, and
+memory stays bounded by the chunk size whatever the file size. A chunk boundary is only placed
+where it cannot change the result (see `safe_boundary_after`):
+
+- at the start of a special-token occurrence that no other occurrence overlaps: special tokens
+  are cut out before pre-tokenization, so nothing is ever merged across them; or, failing that,
+- between an ASCII letter or digit and a following space or newline: every supported pattern ends
+  a pre-token there, and none looks behind, so the text on either side splits the same way alone
+  as it does joined (checked against `regex` on the joined text in the tests).
+
+Invalid UTF-8 policy: `errors="strict"` (the default) raises `InvalidUTF8Error` naming the byte
+offset in the file; `errors="replace"` decodes each invalid sequence to U+FFFD exactly as
+`bytes.decode("utf-8", errors="replace")` does on the whole file (boundaries sit before ASCII bytes
+or a special token's first byte, which always start a new sequence, so chunking cannot change it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import regex
+
+DEFAULT_CHUNK_BYTES = 2 << 20
+UTF8_ERROR_POLICIES = ("strict", "replace")
+
+# A letter or digit followed by a space or newline: a pre-token always ends between the two.
+_WHITESPACE_BOUNDARY = regex.compile(rb"[A-Za-z0-9](?=[ \n])")
+
+
+class InvalidUTF8Error(ValueError):
+    """The corpus is not valid UTF-8 and the policy is "strict"."""
+
+
+def check_corpus_path(path: str | os.PathLike) -> int:
+    """Return the size of the corpus file, or raise naming what is wrong with it."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"corpus file not found: {path!r}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"corpus path is a directory, not a file: {path!r}")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise ValueError(f"corpus file is empty: {path!r}")
+    return size
+
+
+def check_errors_policy(errors: str) -> None:
+    if errors not in UTF8_ERROR_POLICIES:
+        raise ValueError(f"errors must be one of {UTF8_ERROR_POLICIES}, got {errors!r}")
+
+
+def decode_utf8(data: bytes, errors: str, *, source: str = "corpus", offset: int = 0) -> str:
+    """Decode `data` (found at byte `offset` of `source`) under the invalid-UTF-8 policy."""
+    try:
+        return data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as exc:
+        bad = data[exc.start : exc.end]
+        raise InvalidUTF8Error(
+            f"{source}: invalid UTF-8 at byte offset {offset + exc.start} "
+            f"(bytes {bad!r}: {exc.reason}); pass errors='replace' to read such bytes as U+FFFD"
+        ) from None
+
+
+def read_range(path: str | os.PathLike, start: int, end: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(end - start)
+
+
+def _covered_by_special(buf: bytes, pos: int, specials: Sequence[bytes]) -> bool:
+    """Whether an occurrence of a special token starts before `pos` and ends after it."""
+    for token in specials:
+        lo = max(0, pos - len(token) + 1)
+        found = buf.find(token, lo, pos + len(token) - 1)
+        if 0 <= found < pos:
+            return True
+    return False
+
+
+def safe_boundary_after(buf: bytes, start: int, specials: Sequence[bytes]) -> int | None:
+    """The first safe chunk boundary in `buf` at or after `start`, or None if there is none.
+
+    Prefers special-token occurrences (document boundaries) over whitespace boundaries.
+    A position too close to the end of `buf` to be checked is not returned.
+    """
+    longest = max((len(t) for t in specials), default=1)
+    limit = len(buf) - longest  # a match at or past here could run off the end of buf
+    pos = start
+    while specials:
+        hits = [buf.find(t, pos, len(buf)) for t in specials]
+        hits = [h for h in hits if 0 <= h]
+        if not hits:
+            break
+        first = min(hits)
+        if first >= limit:
+            break
+        if not _covered_by_special(buf, first, specials):
+            return first
+        pos = first + 1
+    pos = start
+    while True:
+        match = _WHITESPACE_BOUNDARY.search(buf, pos)
+        if match is None or match.end() >= limit:
+            return None
+        boundary = match.end()
+        if not _covered_by_special(buf, boundary, specials):
+            return boundary
+        pos = boundary
+
+
+def chunk_boundaries(
+    path: str | os.PathLike,
+    chunk_bytes: int,
+    special_tokens: Sequence[str] = (),
+    *,
+    size: int | None = None,
+) -> list[int]:
+    """Byte offsets [0, b1, ..., size] cutting the file into chunks of about `chunk_bytes`."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    size = os.path.getsize(path) if size is None else size
+    specials = [t.encode("utf-8") for t in special_tokens]
+    reach_back = max((len(t) for t in specials), default=1)
+    window = max(chunk_bytes, 64 << 10, 4 * reach_back)
+    bounds = [0]
+    with open(path, "rb") as f:
+        target = chunk_bytes
+        while target < size:
+            # Look from `target` on for a safe place, widening the window until one is found.
+            base = max(0, target - reach_back)
+            f.seek(base)
+            buf = f.read(target - base + window)
+            boundary = None
+            while boundary is None:
+                found = safe_boundary_after(buf, target - base, specials)
+                if found is not None:
+                    boundary = base + found
+                elif base + len(buf) >= size:
+                    break
+                else:
+                    more = f.read(window)
+                    buf += more
+            if boundary is None:
+                break
+            bounds.append(boundary)
+            target = boundary + chunk_bytes
+    bounds.append(size)
+    return bounds
