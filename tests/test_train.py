@@ -1,0 +1,210 @@
+"""Training: exactness against the CS336 fixtures and the slow reference twin, and bad input."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import nbbpe
+from nbbpe import InvalidUTF8Error, train_bpe
+from nbbpe.vocab_files import unspell
+from reference_bpe import reference_train_bpe
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EOT = "<|endoftext|>"
+
+
+def write(tmp_path, text, name="corpus.txt"):
+    path = tmp_path / name
+    path.write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
+    return path
+
+
+def test_cs336_fixture_matches_reference_merges_and_vocab():
+    vocab, merges = train_bpe(FIXTURES / "corpus.en", 500, [EOT])
+    with open(FIXTURES / "train-bpe-reference-merges.txt", encoding="utf-8") as f:
+        expected_merges = [tuple(unspell(part) for part in line.rstrip("\n").split(" ")) for line in f]
+    assert merges == expected_merges
+    with open(FIXTURES / "train-bpe-reference-vocab.json", encoding="utf-8") as f:
+        expected_vocab = json.load(f)
+    expected_tokens = {EOT.encode() if k == EOT else unspell(k) for k in expected_vocab}
+    assert set(vocab.keys()) == set(expected_vocab.values())
+    assert set(vocab.values()) == expected_tokens
+
+
+def test_vocab_layout_bytes_then_specials_then_merges():
+    vocab, merges = train_bpe(FIXTURES / "corpus.en", 300, ["<|b|>", EOT])
+    assert [vocab[i] for i in range(256)] == [bytes([i]) for i in range(256)]
+    assert vocab[256] == b"<|b|>" and vocab[257] == EOT.encode()
+    assert len(vocab) == 300 and len(merges) == 300 - 258
+    assert [vocab[258 + k] for k in range(len(merges))] == [a + b for a, b in merges]
+
+
+def test_sennrich_low_lower_widest_newest(tmp_path):
+    # The CS336 handout's example, pre-tokenized on whitespace.
+    text = "low low low low low lower lower widest widest widest newest newest newest newest newest newest"
+    vocab, merges = train_bpe(write(tmp_path, text), 256 + 1 + 6, [EOT], pattern=r"\S+")
+    assert merges == [(b"s", b"t"), (b"e", b"st"), (b"o", b"w"), (b"l", b"ow"), (b"w", b"est"), (b"n", b"e")]
+    vocab, merges = train_bpe(write(tmp_path, text), 1000, [EOT], pattern=r"\S+")
+    assert merges[6:] == [(b"ne", b"west"), (b"w", b"i"), (b"wi", b"d"), (b"wid", b"est"),
+                          (b"low", b"e"), (b"lowe", b"r")]  # then no pair is left
+    assert len(vocab) == 256 + 1 + 12
+
+
+def test_tie_compares_the_pair_tuple_not_the_concatenation(tmp_path):
+    # After (A, B) merges, (AB, C) and (A, Z) tie at 3: the tuple (b"AB", b"C") > (b"A", b"Z"),
+    # although the joined b"ABC" < b"AZ".
+    text = "ABC\n" * 3 + "AZ\n" * 3 + "AB\n" * 2
+    _, merges = train_bpe(write(tmp_path, text), 258, [])
+    assert merges == [(b"A", b"B"), (b"AB", b"C")]
+
+
+def test_overlapping_occurrences_counted_but_merged_left_to_right(tmp_path):
+    # "aaaa" holds (a, a) three times; merged it is "aa aa", which holds (aa, aa) once.
+    text = "aaaa bbb"
+    path = write(tmp_path, text)
+    vocab, merges = train_bpe(path, 260, [])
+    assert merges[0] == (b"a", b"a")
+    assert merges == reference_train_bpe(text, 260)[1]
+    _, merges = train_bpe(write(tmp_path, "aaa"), 300, [])
+    assert merges == [(b"a", b"a"), (b"aa", b"a")]  # "aaa" -> "aa a" -> "aaa", then nothing is left
+
+
+def test_special_tokens_are_cut_out_never_crossed_and_longest_wins(tmp_path):
+    text = ("hello<|endoftext|>world " * 20) + ("x<|endoftext|><|endoftext|>y " * 5)
+    specials = [EOT, EOT + EOT]
+    vocab, merges = train_bpe(write(tmp_path, text), 400, specials)
+    for a, b in merges:
+        joined = a + b
+        assert b"<|" not in joined and b"|>" not in joined
+        assert b"endoftext" not in joined
+    # No merge joins the text on the two sides of a special token.
+    assert all(b"oworld" not in a + b and b"lloworld" not in a + b for a, b in merges)
+    assert (vocab, merges) == reference_train_bpe(text, 400, specials)
+
+
+def test_stops_early_when_no_pair_is_left(tmp_path):
+    vocab, merges = train_bpe(write(tmp_path, "ab ab"), 10_000, [EOT])
+    # Pre-tokens "ab" and " ab": (a, b) occurs twice, then (" ", "ab") once, then nothing is left.
+    assert merges == [(b"a", b"b"), (b" ", b"ab")]
+    assert len(vocab) == 257 + 2
+
+
+def test_same_result_for_any_worker_count_and_chunk_size(tmp_path):
+    text = (FIXTURES / "corpus.en").read_text(encoding="utf-8")[:60_000]
+    path = write(tmp_path, text)
+    expected = reference_train_bpe(text, 400, [EOT])
+    for workers in (1, 2, 4):
+        for chunk_bytes in (257, 4096, 1 << 20):
+            got = train_bpe(path, 400, [EOT], num_workers=workers, chunk_bytes=chunk_bytes)
+            assert got == expected, (workers, chunk_bytes)
+
+
+def test_corpus_without_special_tokens_is_still_split_and_parallel(tmp_path):
+    from nbbpe.corpus import chunk_boundaries
+
+    text = (FIXTURES / "corpus.en").read_text(encoding="utf-8")[:40_000].replace("<|endoftext|>", "")
+    path = write(tmp_path, text)
+    assert len(chunk_boundaries(path, 1000, [])) > 20
+    expected = reference_train_bpe(text, 350)
+    assert train_bpe(path, 350, None, num_workers=2, chunk_bytes=1000) == expected
+
+
+TRICKY = ["a", "b", "A", "B", "aa", "ab", " ", "  ", "\n", "\t", "'s", "'", "é", "ü", "中", "文",
+          "🙂", "1", "23", ".", "!", "\u00a0", "\u2028", "\r\n", "<|endoftext|>"]
+
+
+@settings(max_examples=60)
+@given(
+    pieces=st.lists(st.sampled_from(TRICKY), min_size=1, max_size=120),
+    extra=st.integers(0, 60),
+    workers=st.sampled_from([1, 2]),
+    chunk_bytes=st.sampled_from([7, 64, 1 << 20]),
+)
+def test_fast_path_equals_reference_on_random_corpora(tmp_path_factory, pieces, extra, workers, chunk_bytes):
+    text = "".join(pieces)
+    path = write(tmp_path_factory.mktemp("c"), text)
+    vocab_size = 257 + extra
+    got = train_bpe(path, vocab_size, [EOT], num_workers=workers, chunk_bytes=chunk_bytes)
+    assert got == reference_train_bpe(text, vocab_size, [EOT])
+
+
+@settings(max_examples=40)
+@given(words=st.lists(st.text(alphabet="abAB", min_size=1, max_size=6), min_size=1, max_size=40),
+       extra=st.integers(1, 40))
+def test_ties_of_every_kind_on_small_alphabets(tmp_path_factory, words, extra):
+    # Few letters and short words: many pairs tie, with prefixes of one another.
+    text = "\n".join(words)
+    path = write(tmp_path_factory.mktemp("t"), text)
+    assert train_bpe(path, 256 + extra, []) == reference_train_bpe(text, 256 + extra)
+
+
+def test_invalid_utf8_strict_names_the_offset_and_replace_reads_fffd(tmp_path):
+    data = b"hello world " * 10 + b"caf\xe9 bar" + b" tail" * 10
+    path = write(tmp_path, data)
+    with pytest.raises(InvalidUTF8Error, match=r"byte offset 123"):
+        train_bpe(path, 300, [EOT])
+    with pytest.raises(InvalidUTF8Error, match=r"byte offset 123"):
+        train_bpe(path, 300, [EOT], num_workers=2, chunk_bytes=16)
+    text = data.decode("utf-8", errors="replace")
+    expected = reference_train_bpe(text, 300, [EOT])
+    assert train_bpe(path, 300, [EOT], errors="replace") == expected
+    assert train_bpe(path, 300, [EOT], errors="replace", num_workers=2, chunk_bytes=16) == expected
+
+
+@pytest.mark.parametrize(
+    "vocab_size, specials, error, message",
+    [
+        (255, [], ValueError, "too small"),
+        (256, [EOT], ValueError, "too small"),
+        (300.0, [], TypeError, "must be an int"),
+        (True, [], TypeError, "must be an int"),
+        (300, EOT, TypeError, "list of strings"),
+        (300, [b"<|x|>"], TypeError, "not a str"),
+        (300, [""], ValueError, "non-empty"),
+        (300, [EOT, EOT], ValueError, "more than once"),
+    ],
+)
+def test_bad_arguments_give_clear_errors(vocab_size, specials, error, message):
+    with pytest.raises(error, match=message):
+        train_bpe(FIXTURES / "corpus.en", vocab_size, specials)
+
+
+def test_bad_files_give_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        train_bpe(tmp_path / "missing.txt", 300, [])
+    with pytest.raises(IsADirectoryError, match="directory"):
+        train_bpe(tmp_path, 300, [])
+    with pytest.raises(ValueError, match="empty"):
+        train_bpe(write(tmp_path, ""), 300, [])
+    with pytest.raises(ValueError, match="errors must be"):
+        train_bpe(FIXTURES / "corpus.en", 300, [], errors="ignore")
+    with pytest.raises(ValueError, match="num_workers"):
+        train_bpe(FIXTURES / "corpus.en", 300, [], num_workers=0)
+
+
+def test_a_worker_that_dies_is_reported(tmp_path, monkeypatch):
+    # Workers are forked, so they inherit this patch: each dies as soon as it counts a chunk.
+    import nbbpe.pretokenize
+
+    def die(self, counts, text):
+        os._exit(3)
+
+    monkeypatch.setattr(nbbpe.pretokenize.PreTokenizer, "count_into", die)
+    path = write(tmp_path, "some words here " * 500)
+    with pytest.raises(RuntimeError, match="worker died"):
+        train_bpe(path, 300, [], num_workers=2, chunk_bytes=500)
+
+
+def test_timings_are_reported():
+    timings = {}
+    train_bpe(FIXTURES / "corpus.en", 300, [EOT], timings=timings)
+    assert set(timings) >= {"pretokenize", "intern", "merge", "total"}
+    assert all(v >= 0 for v in timings.values())
+
+
+def test_public_api():
+    assert nbbpe.train_bpe is train_bpe
