@@ -2,6 +2,7 @@
 
 from .corpus import InvalidUTF8Error
 from .pretokenize import CL100K_PATTERN, GPT2_PATTERN
+from .tokenizer import Tokenizer
 from .train import train_bpe
 
-__all__ = ["train_bpe", "InvalidUTF8Error", "GPT2_PATTERN", "CL100K_PATTERN"]
+__all__ = ["train_bpe", "Tokenizer", "InvalidUTF8Error", "GPT2_PATTERN", "CL100K_PATTERN"]

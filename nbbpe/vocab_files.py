@@ -1,15 +1,24 @@
-"""Vocab files: saving and loading (vocab, merges).
+"""Vocab files: saving and loading (vocab, merges), and exporting them for other tools.
 
 The readable format is GPT-2's: `vocab.json` maps each token, spelled with GPT-2's printable
 byte-to-unicode table (space is "Ġ"), to its id, and `merges.txt` lists one merge per line as the
 two spelled tokens separated by a space, after a `#version` header line. Every byte string has
 a spelling, so any vocab (including bytes that are not valid UTF-8) round-trips exactly.
+
+Also read: the pickled `dict[int, bytes]` vocab and `list[tuple[bytes, bytes]]` merges that
+CS336 solutions write (with an unpickler that builds nothing but plain data). Also written:
+Hugging Face `tokenizer.json` (byte-level BPE, the pre-tokenization pattern as a Split, special
+tokens as added tokens) and tiktoken's mergeable ranks (token bytes -> id; the `.tiktoken` file is
+one "base64(token) id" line per token).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import pickle
+from collections.abc import Sequence
 from functools import lru_cache
 
 Vocab = dict[int, bytes]
@@ -72,11 +81,24 @@ def save_gpt2_files(vocab: Vocab, merges: Merges, directory: str | os.PathLike) 
 
 def load_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> tuple[Vocab, Merges]:
     """Read GPT-2 style `vocab.json` + `merges.txt` (GPT-2's own files included)."""
+    _check_file(vocab_path, "vocab")
+    _check_file(merges_path, "merges")
     with open(vocab_path, encoding="utf-8") as f:
-        spelled = json.load(f)
+        try:
+            spelled = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{os.fspath(vocab_path)}: not a JSON vocab file ({exc})") from None
+    if not isinstance(spelled, dict):
+        raise ValueError(f"{os.fspath(vocab_path)}: expected a JSON object {{token: id}}, "
+                         f"got a {type(spelled).__name__}")
     vocab: Vocab = {}
     for text, i in spelled.items():
-        vocab[int(i)] = unspell(text, source=os.fspath(vocab_path))
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise ValueError(f"{os.fspath(vocab_path)}: token {text!r} has id {i!r}, "
+                             "not a non-negative integer")
+        if i in vocab:
+            raise ValueError(f"{os.fspath(vocab_path)}: id {i} is given to two tokens")
+        vocab[i] = unspell(text, source=os.fspath(vocab_path))
     merges: Merges = []
     with open(merges_path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -94,4 +116,258 @@ def _write_atomically(path: str, text: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
+    os.replace(tmp, path)
+
+
+def _check_file(path, what: str) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} path must be a str or os.PathLike, got {type(path).__name__}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{what} file not found: {os.fspath(path)!r}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{what} path is a directory, not a file: {os.fspath(path)!r}")
+
+
+# --- pickles (CS336 solutions) -------------------------------------------------------------
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Unpickles dicts, lists, tuples, ints and bytes only: a vocab file cannot run code."""
+
+    def find_class(self, module, name):
+        if (module, name) == ("_codecs", "encode"):  # protocol 2 spells bytes this way
+            import _codecs
+
+            return _codecs.encode
+        raise pickle.UnpicklingError(
+            f"refusing to load {module}.{name}: a vocab or merges pickle holds only plain "
+            "dicts, lists, tuples, ints and bytes"
+        )
+
+
+def _unpickle(path, what: str):
+    _check_file(path, what)
+    with open(path, "rb") as f:
+        try:
+            return _PlainDataUnpickler(f).load()
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"{os.fspath(path)}: cannot read {what} pickle: {exc}") from None
+        except (EOFError, ValueError, TypeError, IndexError, KeyError) as exc:
+            raise ValueError(f"{os.fspath(path)}: not a {what} pickle ({exc!r})") from None
+
+
+def _as_bytes(value, where: str) -> bytes:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    raise TypeError(f"{where}: expected bytes, got {type(value).__name__} {value!r:.60}")
+
+
+def check_vocab(vocab, source: str = "vocab") -> Vocab:
+    """`vocab` as a dict[int, bytes] sorted by id, or raise naming the bad entry."""
+    if not isinstance(vocab, dict):
+        raise TypeError(f"{source}: expected a dict[int, bytes], got {type(vocab).__name__}")
+    out: Vocab = {}
+    for i in sorted(vocab, key=lambda k: (not isinstance(k, int), k if isinstance(k, int) else 0)):
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"{source}: key {i!r} is a {type(i).__name__}, not an int id")
+        if i < 0:
+            raise ValueError(f"{source}: id {i} is negative")
+        out[i] = _as_bytes(vocab[i], f"{source}[{i}]")
+    return out
+
+
+def check_merges(merges, source: str = "merges") -> Merges:
+    """`merges` as a list of (bytes, bytes), or raise naming the bad entry."""
+    if isinstance(merges, (str, bytes, dict)) or not isinstance(merges, Sequence):
+        raise TypeError(f"{source}: expected a list of (bytes, bytes) pairs, got {type(merges).__name__}")
+    out: Merges = []
+    for k, pair in enumerate(merges):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"{source}[{k}]: expected a (bytes, bytes) pair, got {pair!r:.80}")
+        out.append((_as_bytes(pair[0], f"{source}[{k}][0]"), _as_bytes(pair[1], f"{source}[{k}][1]")))
+    return out
+
+
+def load_pickle_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> tuple[Vocab, Merges]:
+    """Read a pickled `dict[int, bytes]` vocab and `list[tuple[bytes, bytes]]` merges.
+
+    Either file may instead hold both, as a `(vocab, merges)` tuple or a dict with keys "vocab"
+    and "merges" (other common CS336 layouts); the same path may then be given twice.
+    """
+    vocab = _unpickle(vocab_path, "vocab")
+    vocab = _pick(vocab, "vocab", 0)
+    merges = _unpickle(merges_path, "merges")
+    merges = _pick(merges, "merges", 1)
+    return check_vocab(vocab, os.fspath(vocab_path)), check_merges(merges, os.fspath(merges_path))
+
+
+def _pick(data, key: str, index: int):
+    """The vocab (or merges) from a pickle holding it alone or both together."""
+    if isinstance(data, dict) and set(data) == {"vocab", "merges"}:
+        return data[key]
+    if isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], dict) and isinstance(data[1], list):
+        return data[index]
+    return data
+
+
+def save_pickle_files(vocab: Vocab, merges: Merges, vocab_path: str | os.PathLike,
+                      merges_path: str | os.PathLike) -> tuple[str, str]:
+    """Write the vocab and merges as two pickles (what CS336 solutions read)."""
+    vocab = check_vocab(vocab)
+    merges = check_merges(merges)
+    _write_bytes_atomically(os.fspath(vocab_path), pickle.dumps(vocab, protocol=4))
+    _write_bytes_atomically(os.fspath(merges_path), pickle.dumps(merges, protocol=4))
+    return os.fspath(vocab_path), os.fspath(merges_path)
+
+
+def load_vocab_and_merges(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> tuple[Vocab, Merges]:
+    """Read (vocab, merges) from GPT-2 style text files or from pickles, whichever they are."""
+    _check_file(vocab_path, "vocab")
+    _check_file(merges_path, "merges")
+    pickled = [_looks_pickled(vocab_path), _looks_pickled(merges_path)]
+    if all(pickled):
+        return load_pickle_files(vocab_path, merges_path)
+    if any(pickled):
+        raise ValueError(
+            f"one of {os.fspath(vocab_path)!r} and {os.fspath(merges_path)!r} is a pickle and the "
+            "other is not; give both as pickles or both as vocab.json + merges.txt"
+        )
+    return load_gpt2_files(vocab_path, merges_path)
+
+
+def _looks_pickled(path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(1) == b"\x80"  # the PROTO opcode every pickle since protocol 2 starts with
+
+
+# --- Hugging Face tokenizer.json -----------------------------------------------------------
+
+
+def hf_tokenizer_json(vocab: Vocab, merges: Merges, special_tokens: Sequence[str], pattern: str) -> dict:
+    """The `tokenizer.json` content for Hugging Face `tokenizers` (byte-level BPE)."""
+    vocab = check_vocab(vocab)
+    spelled = {}
+    for i, token in vocab.items():
+        name = spell(token)
+        if name in spelled:
+            raise ValueError(f"ids {spelled[name]} and {i} have the same bytes {token!r}; "
+                             "tokenizer.json needs one id per token")
+        spelled[name] = i
+    ids = {token: i for i, token in reversed(list(vocab.items()))}
+    added = []
+    for text in special_tokens:
+        i = ids.get(text.encode("utf-8"))
+        if i is None:
+            raise ValueError(f"special token {text!r} is not in the vocab")
+        added.append({"id": i, "content": text, "single_word": False, "lstrip": False,
+                      "rstrip": False, "normalized": False, "special": True})
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                  "use_regex": False}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": sorted(added, key=lambda t: t["id"]),
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+                 "invert": False},
+                byte_level,
+            ],
+        },
+        "post_processor": None,
+        "decoder": dict(byte_level),
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": spelled,
+            # "a b" lines (spelled tokens never hold a space) load in every tokenizers version
+            "merges": [f"{spell(a)} {spell(b)}" for a, b in check_merges(merges)],
+        },
+    }
+
+
+def save_hf_tokenizer_json(vocab: Vocab, merges: Merges, special_tokens: Sequence[str], pattern: str,
+                           path: str | os.PathLike) -> str:
+    """Write `tokenizer.json` for Hugging Face `tokenizers`; return its path."""
+    content = hf_tokenizer_json(vocab, merges, special_tokens, pattern)
+    _write_atomically(os.fspath(path), json.dumps(content, ensure_ascii=False, indent=1))
+    return os.fspath(path)
+
+
+def load_hf_tokenizer_json(path: str | os.PathLike) -> tuple[Vocab, Merges, list[str], str | None]:
+    """Read (vocab, merges, special tokens, split pattern or None) from a byte-level BPE
+    `tokenizer.json` such as `save_hf_tokenizer_json` writes."""
+    _check_file(path, "tokenizer.json")
+    with open(path, encoding="utf-8") as f:
+        try:
+            content = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{os.fspath(path)}: not JSON ({exc})") from None
+    source = os.fspath(path)
+    model = content.get("model") if isinstance(content, dict) else None
+    if not isinstance(model, dict) or model.get("type", "BPE") != "BPE" or "vocab" not in model:
+        raise ValueError(f"{source}: not a BPE tokenizer.json (no BPE model with a vocab)")
+    vocab: Vocab = {}
+    for text, i in model["vocab"].items():
+        vocab[int(i)] = unspell(text, source=source)
+    merges: Merges = []
+    for k, merge in enumerate(model.get("merges", [])):
+        parts = merge.split(" ") if isinstance(merge, str) else list(merge)
+        if len(parts) != 2:
+            raise ValueError(f"{source}: merge {k} is {merge!r}, not two tokens")
+        merges.append((unspell(parts[0], source=source), unspell(parts[1], source=source)))
+    specials = [t["content"] for t in content.get("added_tokens", []) if t.get("special")]
+    for t in content.get("added_tokens", []):
+        vocab.setdefault(int(t["id"]), t["content"].encode("utf-8"))
+    pattern = None
+    pre = content.get("pre_tokenizer") or {}
+    for step in pre.get("pretokenizers", [pre]):
+        if step.get("type") == "Split" and "Regex" in step.get("pattern", {}):
+            pattern = step["pattern"]["Regex"]
+    return dict(sorted(vocab.items())), merges, specials, pattern
+
+
+# --- tiktoken ------------------------------------------------------------------------------
+
+
+def tiktoken_ranks(vocab: Vocab, special_tokens: Sequence[str] = ()) -> dict[bytes, int]:
+    """tiktoken's `mergeable_ranks`: every non-special token's bytes -> its id as its rank.
+
+    tiktoken merges by the rank of the joined token, so this gives the same ids as merging by
+    pair rank when ids grow with merge order (true of GPT-2's files and of `train_bpe` output).
+    """
+    specials = {t.encode("utf-8") for t in special_tokens}
+    ranks: dict[bytes, int] = {}
+    for i, token in check_vocab(vocab).items():
+        if token in specials:
+            continue
+        if token in ranks:
+            raise ValueError(f"ids {ranks[token]} and {i} have the same bytes {token!r}; "
+                             "tiktoken ranks need one id per token")
+        ranks[token] = i
+    return ranks
+
+
+def save_tiktoken_ranks(vocab: Vocab, special_tokens: Sequence[str], path: str | os.PathLike) -> str:
+    """Write the `.tiktoken` file `tiktoken.load.load_tiktoken_bpe` reads; return its path."""
+    ranks = tiktoken_ranks(vocab, special_tokens)
+    lines = [f"{base64.b64encode(token).decode('ascii')} {i}"
+             for token, i in sorted(ranks.items(), key=lambda item: item[1])]
+    _write_atomically(os.fspath(path), "\n".join(lines) + "\n")
+    return os.fspath(path)
+
+
+def _write_bytes_atomically(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
     os.replace(tmp, path)

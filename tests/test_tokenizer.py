@@ -1,0 +1,423 @@
+"""Encoding: ids against tiktoken (GPT-2 files, built offline) and the slow reference twin,
+streaming against whole-text encoding, special tokens, decoding, and bad input."""
+
+import io
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nbbpe import CL100K_PATTERN, GPT2_PATTERN, Tokenizer, train_bpe
+from nbbpe.vocab_files import load_gpt2_files
+from reference_encode import ReferenceEncoder, read_gpt2_vocab
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EOT = "<|endoftext|>"
+FIXTURE_TEXTS = ["address.txt", "german.txt", "tinystories_sample.txt", "corpus.en",
+                 "multi_sample.txt", "web_sample.txt"]
+
+
+def read(name):
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def gpt2_files():
+    return load_gpt2_files(FIXTURES / "gpt2_vocab.json", FIXTURES / "gpt2_merges.txt")
+
+
+@pytest.fixture(scope="module")
+def gpt2(gpt2_files):
+    return Tokenizer(*gpt2_files, [EOT])
+
+
+@pytest.fixture(scope="module")
+def gpt2_small_blocks(gpt2_files):
+    """Cuts text every few characters, so block and stream cutting is exercised everywhere."""
+    return Tokenizer(*gpt2_files, [EOT], block_chars=8, cache_size=64)
+
+
+def offline_tiktoken(pattern=GPT2_PATTERN, name="gpt2-offline"):
+    """tiktoken's gpt2 encoding built from the fixture vocab file, not downloaded."""
+    ranks = read_gpt2_vocab(FIXTURES / "gpt2_vocab.json")
+    ranks.pop(EOT.encode())
+    return tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
+                             special_tokens={EOT: 50256})
+
+
+@pytest.fixture(scope="module")
+def tiktoken_gpt2():
+    return offline_tiktoken()
+
+
+@pytest.fixture(scope="module")
+def reference_gpt2(gpt2_files):
+    return ReferenceEncoder(*gpt2_files, [EOT])
+
+
+# --- text strategies ----------------------------------------------------------------------
+
+WHITESPACE = ("\t\n\x0b\x0c\r \x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
+              "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\u200b\u180e\ufeff")
+COMBINING = "\u0301\u0308\u0323\u0338\u20dd\u0e31\u093f\u05b7\u3099"
+EMOJI = ["😀", "👍🏽", "👩‍👩‍👧", "🇺🇸", "❤️", "🏳️‍🌈", "🧑‍💻", "🤵🏾‍♂️", "\U0001FAE8", "#️⃣"]
+CJK = "中文字漢字日本語のひらがなカタカナ한국어조선말，。「」"
+pieces = st.one_of(
+    st.text(max_size=6),
+    st.text(alphabet=WHITESPACE, min_size=1, max_size=6),
+    st.sampled_from(EMOJI),
+    st.text(alphabet="aeioun" + COMBINING, min_size=1, max_size=5),
+    st.text(alphabet=CJK, min_size=1, max_size=8),
+    st.sampled_from(["'s", "'ll", "'ve", "'re", "'t", "'d", "'m", "'S", " '", "''", "'", "’s"]),
+    st.text(alphabet=st.characters(categories=["Cc", "Cf", "Co", "Zl", "Zp"]), min_size=1, max_size=3),
+    st.from_regex(r" ?[A-Za-z]{1,8}| ?[0-9]{1,5}|[ \n]{1,4}|[!-/:-@]{1,3}", fullmatch=True),
+    st.sampled_from([EOT, "<|endoftext", "|>", "<|", EOT + EOT]),
+    st.text(alphabet="٠١٢٣௧௨Ⅻ½²𝟘𝟙", min_size=1, max_size=4),
+    st.text(alphabet="مرحبا بالعالم अनुच्छेद", min_size=1, max_size=8),
+)
+texts = st.lists(pieces, max_size=25).map("".join)
+
+
+# --- ids ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FIXTURE_TEXTS)
+def test_fixture_texts_match_tiktoken_and_reference(gpt2, tiktoken_gpt2, reference_gpt2, name):
+    text = read(name)
+    ids = gpt2.encode(text)
+    assert ids == tiktoken_gpt2.encode(text, allowed_special="all")
+    assert ids == reference_gpt2.encode(text)
+    assert gpt2.decode(ids) == text
+
+
+@given(texts)
+@settings(max_examples=300)
+def test_generated_text_matches_tiktoken_and_reference(gpt2, tiktoken_gpt2, reference_gpt2, text):
+    ids = gpt2.encode(text)
+    assert ids == tiktoken_gpt2.encode(text, allowed_special="all")
+    assert ids == reference_gpt2.encode(text)
+    assert gpt2.decode(ids) == text
+
+
+@given(st.text(max_size=40))
+@settings(max_examples=200)
+def test_arbitrary_unicode_without_special_tokens_matches_tiktoken(gpt2_files, tiktoken_gpt2, text):
+    tokenizer = _plain_gpt2(gpt2_files)
+    ids = tokenizer.encode(text)
+    assert ids == tiktoken_gpt2.encode(text, disallowed_special=())
+    assert tokenizer.decode(ids) == text
+
+
+_PLAIN = {}
+
+
+def _plain_gpt2(files):
+    if "gpt2" not in _PLAIN:
+        _PLAIN["gpt2"] = Tokenizer(*files)
+    return _PLAIN["gpt2"]
+
+
+def test_without_special_tokens_their_text_is_ordinary(gpt2_files, tiktoken_gpt2):
+    tokenizer = _plain_gpt2(gpt2_files)
+    text = f"a{EOT}b"
+    ids = tokenizer.encode(text)
+    assert ids == tiktoken_gpt2.encode(text, disallowed_special=())
+    assert 50256 not in ids
+
+
+@pytest.mark.parametrize("text", [
+    " " * 5000 + "x",
+    "a" * 3000,
+    "\n" * 2000 + " a",
+    "中" * 3000,
+    "😀" * 700,
+    "'" + "s" * 500,
+    "\t \n\x0b\u3000" * 300 + "end",
+])
+def test_long_pretokens_match_tiktoken(gpt2, tiktoken_gpt2, gpt2_small_blocks, text):
+    ids = gpt2.encode(text)
+    assert ids == tiktoken_gpt2.encode(text, allowed_special="all")
+    assert gpt2_small_blocks.encode(text) == ids
+    assert list(gpt2_small_blocks.encode_iterable(iter(text))) == ids
+
+
+def test_lone_surrogates_become_replacement_characters_as_in_tiktoken(gpt2, tiktoken_gpt2):
+    for text in ["\ud800", "a\udfffb", "x \ud83d\ude00 y", "\ud83d"]:
+        assert gpt2.encode(text) == tiktoken_gpt2.encode(text, allowed_special="all")
+
+
+def test_merges_apply_all_occurrences_of_the_lowest_rank_first():
+    # (a, b) is the only merge present at first, so GPT-2 merges both occurrences before the
+    # lower-ranked (ab, a) could apply: [ab, ab], not [aba, b] as merging one pair at a time gives.
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab[256] = b"ab"
+    vocab[257] = b"aba"
+    merges = [(b"ab", b"a"), (b"a", b"b")]
+    tokenizer = Tokenizer(vocab, merges)
+    assert tokenizer.encode("abab") == [256, 256]
+    assert tokenizer.encode("aaa") == [97, 97, 97]
+    assert tokenizer.encode("aba") == [257]
+    reference = ReferenceEncoder(vocab, merges)
+    for text in ["abab", "ababa", "aabab", "abaab"]:
+        assert tokenizer.encode(text) == reference.encode(text)
+
+
+def test_overlapping_runs_merge_left_to_right():
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab[256] = b"aa"
+    tokenizer = Tokenizer(vocab, [(b"a", b"a")])
+    assert tokenizer.encode("aaa") == [256, 97]
+    assert tokenizer.encode("aaaa") == [256, 256]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A CS336-layout tokenizer trained here (ids 0-255 bytes, then the specials, then merges)."""
+    return train_bpe(FIXTURES / "corpus.en", 600, [EOT, "<|pad|>"])
+
+
+@given(texts)
+@settings(max_examples=100)
+def test_trained_tokenizer_matches_reference(trained, text):
+    vocab, merges = trained
+    tokenizer = _trained_tokenizer(trained)
+    assert tokenizer.encode(text) == ReferenceEncoder(vocab, merges, [EOT, "<|pad|>"]).encode(text)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+_TRAINED = {}
+
+
+def _trained_tokenizer(trained):
+    if "t" not in _TRAINED:
+        _TRAINED["t"] = Tokenizer(*trained, [EOT, "<|pad|>"])
+    return _TRAINED["t"]
+
+
+def test_trained_tokenizer_matches_tiktoken_built_from_its_ranks(trained):
+    tokenizer = _trained_tokenizer(trained)
+    encoding = tokenizer.to_tiktoken()
+    text = read("tinystories_sample.txt") + read("german.txt") + EOT + "<|pad|>"
+    assert tokenizer.encode(text) == encoding.encode(text, allowed_special="all")
+
+
+def test_cl100k_pattern_matches_tiktoken_with_the_same_ranks(gpt2_files):
+    tokenizer = Tokenizer(*gpt2_files, [EOT], pattern=CL100K_PATTERN, block_chars=16)
+    encoding = offline_tiktoken(CL100K_PATTERN, "gpt2-ranks-cl100k-pattern")
+    text = read("multi_sample.txt")[:20000] + read("address.txt") + "x.\n\n  \n\r\n 1234567 's'LL"
+    ids = tokenizer.encode(text)
+    assert ids == encoding.encode(text, allowed_special="all")
+    chunks = [text[i : i + 7] for i in range(0, len(text), 7)]
+    assert list(tokenizer.encode_iterable(chunks)) == ids
+
+
+# --- blocks, streaming ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["multi_sample.txt", "web_sample.txt", "address.txt"])
+def test_small_blocks_give_the_same_ids(gpt2, gpt2_small_blocks, name):
+    text = read(name)
+    assert gpt2_small_blocks.encode(text) == gpt2.encode(text)
+
+
+@given(texts, st.lists(st.integers(0, 400), max_size=12))
+@settings(max_examples=200)
+def test_streaming_equals_whole_text_under_random_chunkings(gpt2, gpt2_small_blocks, text, cuts):
+    cuts = sorted(min(c, len(text)) for c in cuts)
+    chunks = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+    expected = gpt2.encode(text)
+    assert list(gpt2_small_blocks.encode_iterable(chunks)) == expected
+    assert list(gpt2.encode_iterable(chunks)) == expected
+
+
+def test_streaming_a_file_handle(gpt2, gpt2_small_blocks, tmp_path):
+    text = read("multi_sample.txt") + read("tinystories_sample.txt")
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    expected = gpt2.encode(text)
+    with open(path, encoding="utf-8") as f:
+        assert list(gpt2_small_blocks.encode_iterable(f)) == expected
+    with open(path, encoding="utf-8") as f:
+        assert list(gpt2.encode_iterable(f)) == expected
+    # chunks of fixed size from read(), splitting lines, characters' neighbours and special tokens
+    for size in (1, 5, 13):
+        stream = io.StringIO(text[:3000])
+        chunks = iter(lambda: stream.read(size), "")
+        assert list(gpt2_small_blocks.encode_iterable(chunks)) == gpt2.encode(text[:3000])
+
+
+def test_streaming_reads_lazily(gpt2_files):
+    """Ids come out after reading about one block, not the whole input: memory stays bounded."""
+    tokenizer = Tokenizer(*gpt2_files, [EOT], block_chars=1000)
+    consumed = 0
+
+    def lines():
+        nonlocal consumed
+        for _ in range(100_000):
+            consumed += 1
+            yield "the quick brown fox jumps over the lazy dog\n"
+
+    ids = tokenizer.encode_iterable(lines())
+    first = list(itertools.islice(ids, 10))
+    assert len(first) == 10
+    assert consumed < 100  # a block of 1000 characters is about 23 lines
+    total = 10 + sum(1 for _ in ids)
+    assert consumed == 100_000
+    assert total == 100_000 * len(tokenizer.encode("the quick brown fox jumps over the lazy dog\n"))
+
+
+def test_special_token_split_across_chunks(gpt2, gpt2_small_blocks):
+    text = f"Hello{EOT}world {EOT}{EOT}\n end"
+    expected = gpt2.encode(text)
+    assert expected.count(50256) == 3
+    for cut in range(len(text) + 1):
+        for tokenizer in (gpt2, gpt2_small_blocks):
+            assert list(tokenizer.encode_iterable([text[:cut], text[cut:]])) == expected
+
+
+# --- special tokens -------------------------------------------------------------------------
+
+
+def test_overlapping_special_tokens_longest_wins(gpt2_files):
+    double = EOT + EOT
+    tokenizer = Tokenizer(*gpt2_files, [EOT, double])
+    assert tokenizer.special_tokens == [EOT, double]
+    double_id = tokenizer.n_vocab - 1
+    assert tokenizer.vocab[double_id] == double.encode()
+    text = f"Hello, how {EOT}{EOT} are you?{EOT}{EOT}{EOT}x{EOT}"
+    ids = tokenizer.encode(text)
+    assert [i for i in ids if i >= 50256] == [double_id, double_id, 50256, 50256]
+    assert ids == ReferenceEncoder(*gpt2_files, [EOT, double]).encode(text)
+    assert tokenizer.decode(ids) == text
+    small = Tokenizer(*gpt2_files, [double, EOT], block_chars=5)
+    assert small.encode(text) == ids
+    for cut in range(len(text) + 1):
+        assert list(small.encode_iterable([text[:cut], text[cut:]])) == ids
+
+
+def test_special_tokens_appended_when_missing_and_reused_when_present(gpt2_files):
+    tokenizer = Tokenizer(*gpt2_files, ["<|new|>", EOT, "<|other|>"])
+    assert tokenizer.encode("<|new|>") == [50257]
+    assert tokenizer.encode(EOT) == [50256]
+    assert tokenizer.encode("<|other|>") == [50258]
+    assert tokenizer.n_vocab == 50259
+    assert tokenizer.vocab[50257] == b"<|new|>"
+    # a special token that is an ordinary token's bytes keeps that token's id
+    assert Tokenizer(*gpt2_files, [" the"]).encode("a the") == [64, 262]
+
+
+# --- numpy output, cache --------------------------------------------------------------------
+
+
+def test_encode_to_numpy(gpt2):
+    text = read("german.txt")
+    ids = gpt2.encode(text)
+    array = gpt2.encode_to_numpy(text)
+    assert array.dtype == np.uint16
+    assert array.tolist() == ids
+    assert gpt2.encode_to_numpy(text, dtype=np.int64).tolist() == ids
+    assert gpt2.encode_to_numpy("").shape == (0,)
+    arrays = list(gpt2.encode_iterable_to_numpy([text[:100], text[100:]], dtype=np.uint32))
+    assert all(a.dtype == np.uint32 for a in arrays)
+    assert np.concatenate(arrays).tolist() == ids
+
+
+def test_a_tiny_cache_is_emptied_and_gives_the_same_ids(gpt2, gpt2_files):
+    tokenizer = Tokenizer(*gpt2_files, [EOT], cache_size=3)
+    uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)
+    text = read("corpus.en")[:20000] + read("multi_sample.txt")[:20000]
+    expected = gpt2.encode(text)
+    assert tokenizer.encode(text) == expected
+    assert tokenizer._cache.fill[2] > 0  # emptied many times
+    assert uncached.encode(text) == expected
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+def test_decode_replaces_malformed_utf8(gpt2):
+    ids = gpt2.encode("鑫")
+    assert len(ids) == 3  # one token per byte of the character
+    assert gpt2.decode(ids) == "鑫"
+    assert gpt2.decode(ids[:2]) == "\ufffd"
+    assert gpt2.decode(ids[:1] + gpt2.encode("a")) == "\ufffda"
+    assert gpt2.decode_bytes(ids[:2]) == "鑫".encode()[:2]
+    assert gpt2.decode([]) == ""
+    assert gpt2.decode(np.array(gpt2.encode("ok"), dtype=np.uint16)) == "ok"
+    assert gpt2.decode(iter(gpt2.encode("gen"))) == "gen"
+
+
+def test_decode_unknown_ids_raise(gpt2, gpt2_files):
+    with pytest.raises(ValueError, match=r"id 50257 at position 1 is not in the vocab"):
+        gpt2.decode([0, 50257])
+    with pytest.raises(ValueError, match=r"id -1 at position 0"):
+        gpt2.decode([-1])
+    with pytest.raises(ValueError, match=r"id 99999999999"):
+        gpt2.decode(np.array([99999999999], dtype=np.uint64))
+    vocab, merges = gpt2_files
+    gappy = dict(vocab)
+    gappy[50300] = b"<gap>"
+    with pytest.raises(ValueError, match=r"id 50280 at position 0 is not in the vocab"):
+        Tokenizer(gappy, merges).decode([50280])
+    with pytest.raises(TypeError, match="integer ids"):
+        gpt2.decode([1.5])
+    with pytest.raises(TypeError, match="integer ids"):
+        gpt2.decode(["a"])
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+def test_encode_rejects_non_strings(gpt2):
+    with pytest.raises(TypeError, match=r"encode expects a str, got bytes \(decode bytes"):
+        gpt2.encode(b"abc")
+    with pytest.raises(TypeError, match="got NoneType"):
+        gpt2.encode(None)
+    with pytest.raises(TypeError, match="got list"):
+        gpt2.encode_to_numpy(["a"])
+    with pytest.raises(TypeError, match="item 1 is a bytes, not a str"):
+        list(gpt2.encode_iterable(["a", b"b"]))
+    with pytest.raises(ValueError, match="cannot hold id 50256"):
+        gpt2.encode_to_numpy("a", dtype=np.uint8)
+    with pytest.raises(TypeError, match="integer type"):
+        gpt2.encode_to_numpy("a", dtype=np.float32)
+
+
+def test_bad_vocab_and_merges_raise_naming_the_problem():
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab[256] = b"ab"
+    with pytest.raises(ValueError, match=r"merge 0 \(b'ab', b'c'\): the merged token b'abc' is not"):
+        Tokenizer(vocab, [(b"ab", b"c")])
+    with pytest.raises(ValueError, match=r"merge 1 \(b'xy', b'a'\): b'xy' is not in the vocab"):
+        Tokenizer(vocab, [(b"a", b"b"), (b"xy", b"a")])
+    with pytest.raises(ValueError, match=r"listed twice \(ranks 0 and 1\)"):
+        Tokenizer(vocab, [(b"a", b"b"), (b"a", b"b")])
+    with pytest.raises(ValueError, match=r"lacks 1 of the 256 single bytes \(first: b'\\x07'\)"):
+        Tokenizer({i: bytes([i]) for i in range(256) if i != 7}, [])
+    with pytest.raises(TypeError, match=r"key '1' is a str"):
+        Tokenizer({"1": b"a"}, [])
+    with pytest.raises(TypeError, match=r"vocab\[3\]: expected bytes, got str"):
+        Tokenizer({**vocab, 3: "x"}, [])
+    with pytest.raises(TypeError, match=r"merges\[0\]: expected a \(bytes, bytes\) pair"):
+        Tokenizer(vocab, [b"ab"])
+    with pytest.raises(TypeError, match="single str"):
+        Tokenizer(vocab, [], EOT)
+    with pytest.raises(ValueError, match="more than once"):
+        Tokenizer(vocab, [], [EOT, EOT])
+    with pytest.raises(ValueError, match="cannot be encoded as UTF-8"):
+        Tokenizer(vocab, [], ["\ud800"])
+    with pytest.raises(ValueError, match="cache_size"):
+        Tokenizer(vocab, [], cache_size=-1)
+
+
+def test_from_files_missing_paths(tmp_path):
+    with pytest.raises(FileNotFoundError, match="vocab file not found"):
+        Tokenizer.from_files(tmp_path / "nope.json", FIXTURES / "gpt2_merges.txt")
+    with pytest.raises(FileNotFoundError, match="merges file not found"):
+        Tokenizer.from_files(FIXTURES / "gpt2_vocab.json", tmp_path / "nope.txt")
+    with pytest.raises(FileNotFoundError, match="not a saved Tokenizer"):
+        Tokenizer.load(tmp_path)
