@@ -177,7 +177,7 @@ def test_overlapping_runs_merge_left_to_right():
 @pytest.fixture(scope="module")
 def trained():
     """A CS336-layout tokenizer trained here (ids 0-255 bytes, then the specials, then merges)."""
-    return train_bpe(FIXTURES / "corpus.en", 600, [EOT, "<|pad|>"])
+    return train_bpe(FIXTURES / "corpus.en", 600, [EOT, "<|pad|>"], num_workers=1)
 
 
 @given(texts)
