@@ -40,26 +40,53 @@ def _grow(array, min_size):
 
 
 @njit(cache=True)
-def _slot(keys, key, shift):
-    """The table slot holding `key`, or the empty slot where it would go."""
-    mask = keys.shape[0] - 1
+def _slot(table, key, shift):
+    """The row of `table` (key, pair id) holding `key`, or the empty row where it would go."""
+    mask = table.shape[0] - 1
     slot = np.int64((np.uint64(key) * _HASH_MULTIPLIER) >> np.uint64(shift))
-    while keys[slot] != key and keys[slot] != _EMPTY:
+    while table[slot, 0] != key and table[slot, 0] != _EMPTY:
         slot = (slot + 1) & mask
     return slot
 
 
 @njit(cache=True)
-def _rebuild_table(capacity_bits, pair_left, pair_right, n_pairs):
-    keys = np.full(1 << capacity_bits, _EMPTY, dtype=np.int64)
-    ids = np.empty(1 << capacity_bits, dtype=np.int64)
+def _new_table(capacity_bits, pair_left, pair_right, n_pairs):
+    """A (key, pair id) table of 2**capacity_bits rows holding the first n_pairs pairs.
+
+    Key and id share a row so that a lookup touches one cache line.
+    """
+    table = np.full((1 << capacity_bits, 2), _EMPTY, dtype=np.int64)
     shift = 64 - capacity_bits
     for p in range(n_pairs):
         key = (np.int64(pair_left[p]) << 32) | pair_right[p]
-        s = _slot(keys, key, shift)
-        keys[s] = key
-        ids[s] = p
-    return keys, ids
+        s = _slot(table, key, shift)
+        table[s, 0] = key
+        table[s, 1] = p
+    return table
+
+
+@njit(cache=True)
+def _grow_rows(array, min_rows):
+    """A copy of a 2-D `array` with room for at least `min_rows` rows (doubling)."""
+    rows = max(min_rows, 2 * array.shape[0])
+    out = np.empty((rows, array.shape[1]), dtype=array.dtype)
+    out[: array.shape[0]] = array
+    return out
+
+
+@njit(cache=True)
+def _prefix_key(arena, start, length):
+    """The first 8 bytes, big-endian and zero-padded, with the sign bit flipped.
+
+    Signed order of these keys is the bytes' order wherever two keys differ, so most ties are
+    decided without reading the arena. Equal keys need the full comparison ("a" vs "a\\x00").
+    """
+    key = np.uint64(0)
+    for k in range(8):
+        key <<= np.uint64(8)
+        if k < length:
+            key |= np.uint64(arena[start + k])
+    return np.int64(key ^ np.uint64(1 << 63))
 
 
 @njit(cache=True)
@@ -77,57 +104,78 @@ def _compare_bytes(arena, start, length, a, b):
     return 1 if la > lb else -1
 
 
+# A heap entry is a row (count, left prefix key, right prefix key, pair id); rows are compared
+# as (count, left bytes, right bytes), the prefix keys settling most byte comparisons.
+_COUNT, _LEFT_KEY, _RIGHT_KEY, _PAIR = 0, 1, 2, 3
+
+
 @njit(cache=True)
-def _ranks_above(count_x, px, count_y, py, pair_left, pair_right, arena, start, length):
-    """Whether (count_x, bytes of pair px) > (count_y, bytes of pair py)."""
+def _ranks_above(count_x, lkey_x, rkey_x, px, count_y, lkey_y, rkey_y, py,
+                 pair_left, pair_right, arena, start, length):
+    """Whether entry x ranks above entry y in (count, left bytes, right bytes) order."""
     if count_x != count_y:
         return count_x > count_y
+    if lkey_x != lkey_y:
+        return lkey_x > lkey_y
     c = _compare_bytes(arena, start, length, pair_left[px], pair_left[py])
     if c != 0:
         return c > 0
+    if rkey_x != rkey_y:
+        return rkey_x > rkey_y
     return _compare_bytes(arena, start, length, pair_right[px], pair_right[py]) > 0
 
 
 @njit(cache=True)
-def _heap_push(heap_pair, heap_count, size, p, count, pair_left, pair_right, arena, start, length):
+def _row_above(heap, i, j, pair_left, pair_right, arena, start, length):
+    return _ranks_above(heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3],
+                        heap[j, 0], heap[j, 1], heap[j, 2], heap[j, 3],
+                        pair_left, pair_right, arena, start, length)
+
+
+@njit(cache=True)
+def _heap_push(heap, size, p, count, pair_left, pair_right, tok_key, arena, start, length):
+    """Add pair p with `count`; return the new size. Row `size` must exist."""
+    lkey = tok_key[pair_left[p]]
+    rkey = tok_key[pair_right[p]]
     i = size
     while i > 0:
         parent = (i - 1) >> 1
-        if not _ranks_above(count, p, heap_count[parent], heap_pair[parent],
+        if not _ranks_above(count, lkey, rkey, p,
+                            heap[parent, 0], heap[parent, 1], heap[parent, 2], heap[parent, 3],
                             pair_left, pair_right, arena, start, length):
             break
-        heap_pair[i] = heap_pair[parent]
-        heap_count[i] = heap_count[parent]
+        heap[i, :] = heap[parent, :]
         i = parent
-    heap_pair[i] = p
-    heap_count[i] = count
+    heap[i, _COUNT] = count
+    heap[i, _LEFT_KEY] = lkey
+    heap[i, _RIGHT_KEY] = rkey
+    heap[i, _PAIR] = p
     return size + 1
 
 
 @njit(cache=True)
-def _heap_pop(heap_pair, heap_count, size, pair_left, pair_right, arena, start, length):
-    """Remove the top entry; return the new size."""
+def _heap_pop(heap, size, pair_left, pair_right, arena, start, length):
+    """Remove the top row; return the new size."""
     size -= 1
-    p, count = heap_pair[size], heap_count[size]
+    count, lkey, rkey, p = heap[size, 0], heap[size, 1], heap[size, 2], heap[size, 3]
     i = 0
     while True:
         child = 2 * i + 1
         if child >= size:
             break
-        right = child + 1
-        if right < size and _ranks_above(heap_count[right], heap_pair[right],
-                                         heap_count[child], heap_pair[child],
-                                         pair_left, pair_right, arena, start, length):
-            child = right
-        if not _ranks_above(heap_count[child], heap_pair[child], count, p,
-                            pair_left, pair_right, arena, start, length):
+        if child + 1 < size and _row_above(heap, child + 1, child,
+                                           pair_left, pair_right, arena, start, length):
+            child += 1
+        if not _ranks_above(heap[child, 0], heap[child, 1], heap[child, 2], heap[child, 3],
+                            count, lkey, rkey, p, pair_left, pair_right, arena, start, length):
             break
-        heap_pair[i] = heap_pair[child]
-        heap_count[i] = heap_count[child]
+        heap[i, :] = heap[child, :]
         i = child
     if size > 0:
-        heap_pair[i] = p
-        heap_count[i] = count
+        heap[i, _COUNT] = count
+        heap[i, _LEFT_KEY] = lkey
+        heap[i, _RIGHT_KEY] = rkey
+        heap[i, _PAIR] = p
     return size
 
 
@@ -145,11 +193,14 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
     n_ids = 256 + num_merges
     tok_start = np.empty(n_ids, dtype=np.int64)
     tok_len = np.empty(n_ids, dtype=np.int64)
+    tok_key = np.empty(n_ids, dtype=np.int64)
     arena = np.empty(max(1024, 16 * n_ids), dtype=np.uint8)
     for t in range(256):
         arena[t] = t
         tok_start[t] = t
         tok_len[t] = 1
+    for t in range(256):
+        tok_key[t] = _prefix_key(arena, t, 1)
     arena_used = 256
 
     # Pair table. The first pairs are of bytes: at most 256 * 256 of them.
@@ -162,8 +213,7 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
     pair_last_word = np.empty(pair_cap, dtype=np.int64)
     n_pairs = 0
     table_bits = 17
-    keys = np.full(1 << table_bits, _EMPTY, dtype=np.int64)
-    ids = np.empty(1 << table_bits, dtype=np.int64)
+    table = _new_table(table_bits, pair_left, pair_right, 0)
 
     # Word-list nodes.
     node_cap = max(16, tokens.shape[0])
@@ -176,18 +226,18 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
         c = word_counts[w]
         for i in range(offsets[w], offsets[w + 1] - 1):
             key = (np.int64(tokens[i]) << 32) | tokens[i + 1]
-            s = _slot(keys, key, 64 - table_bits)
-            if keys[s] == _EMPTY:
+            s = _slot(table, key, 64 - table_bits)
+            if table[s, 0] == _EMPTY:
                 p = n_pairs
                 n_pairs += 1
-                keys[s] = key
-                ids[s] = p
+                table[s, 0] = key
+                table[s, 1] = p
                 pair_left[p] = tokens[i]
                 pair_right[p] = tokens[i + 1]
                 pair_head[p] = -1
                 pair_last_word[p] = -1
             else:
-                p = ids[s]
+                p = table[s, 1]
             pair_count[p] += c
             pair_occ[p] += 1
             if pair_last_word[p] != w:
@@ -197,12 +247,11 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
                 pair_head[p] = n_nodes
                 n_nodes += 1
 
-    heap_pair = np.empty(pair_cap, dtype=np.int64)
-    heap_count = np.empty(pair_cap, dtype=np.int64)
+    heap = np.empty((pair_cap, 4), dtype=np.int64)
     heap_size = 0
     for p in range(n_pairs):
-        heap_size = _heap_push(heap_pair, heap_count, heap_size, p, pair_count[p],
-                               pair_left, pair_right, arena, tok_start, tok_len)
+        heap_size = _heap_push(heap, heap_size, p, pair_count[p],
+                               pair_left, pair_right, tok_key, arena, tok_start, tok_len)
 
     merge_left = np.empty(num_merges, dtype=np.int32)
     merge_right = np.empty(num_merges, dtype=np.int32)
@@ -211,16 +260,15 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
         # Pop until the top entry's count is current (lazy deletion).
         best = -1
         while heap_size > 0:
-            p, snapshot = heap_pair[0], heap_count[0]
-            heap_size = _heap_pop(heap_pair, heap_count, heap_size,
-                                  pair_left, pair_right, arena, tok_start, tok_len)
+            p, snapshot = heap[0, _PAIR], heap[0, _COUNT]
+            heap_size = _heap_pop(heap, heap_size, pair_left, pair_right, arena, tok_start, tok_len)
             current = pair_count[p]
             if current == snapshot:
                 best = p
                 break
             if current > 0:
-                heap_size = _heap_push(heap_pair, heap_count, heap_size, p, current,
-                                       pair_left, pair_right, arena, tok_start, tok_len)
+                heap_size = _heap_push(heap, heap_size, p, current,
+                                       pair_left, pair_right, tok_key, arena, tok_start, tok_len)
         if best < 0:
             break  # no pair left anywhere
 
@@ -241,27 +289,29 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
         arena[arena_used + tok_len[a] : arena_used + need] = (
             arena[tok_start[b] : tok_start[b] + tok_len[b]]
         )
+        tok_key[new] = _prefix_key(arena, arena_used, need)
         arena_used += need
 
         # Room for this step: each occurrence creates at most two new pairs and two list nodes.
         most_new = 2 * pair_occ[best]
-        if n_pairs + most_new > pair_cap:
-            pair_cap = max(2 * pair_cap, n_pairs + most_new)
+        # New pairs are (t, new) or (new, t) for a token t that exists already, or (new, new).
+        most_new_pairs = min(most_new, 2 * new + 1)
+        if n_pairs + most_new_pairs > pair_cap:
+            pair_cap = max(2 * pair_cap, n_pairs + most_new_pairs)
             pair_left = _grow(pair_left, pair_cap)
             pair_right = _grow(pair_right, pair_cap)
             pair_count = _grow(pair_count, pair_cap)
             pair_occ = _grow(pair_occ, pair_cap)
             pair_head = _grow(pair_head, pair_cap)
             pair_last_word = _grow(pair_last_word, pair_cap)
-        while 2 * (n_pairs + most_new) > (1 << table_bits):
+        while 2 * (n_pairs + most_new_pairs) > (1 << table_bits):  # load at most 1/2
             table_bits += 1
-            keys, ids = _rebuild_table(table_bits, pair_left, pair_right, n_pairs)
+            table = _new_table(table_bits, pair_left, pair_right, n_pairs)
         if n_nodes + most_new > node_word.shape[0]:
             node_word = _grow(node_word, n_nodes + most_new)
             node_next = _grow(node_next, n_nodes + most_new)
-        if heap_size + most_new > heap_pair.shape[0]:
-            heap_pair = _grow(heap_pair, heap_size + most_new)
-            heap_count = _grow(heap_count, heap_size + most_new)
+        if heap_size + most_new_pairs > heap.shape[0]:
+            heap = _grow_rows(heap, heap_size + most_new_pairs)
         shift = 64 - table_bits
         first_new_pair = n_pairs
 
@@ -291,16 +341,16 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
                                 continue
                             old_key = (np.int64(b) << 32) | tokens[i + 2]
                             new_left, new_right = np.int32(new), tokens[i + 2]
-                        old = ids[_slot(keys, old_key, shift)]
+                        old = table[_slot(table, old_key, shift), 1]
                         pair_count[old] -= c
                         pair_occ[old] -= 1
                         new_key = (np.int64(new_left) << 32) | new_right
-                        s = _slot(keys, new_key, shift)
-                        if keys[s] == _EMPTY:
+                        s = _slot(table, new_key, shift)
+                        if table[s, 0] == _EMPTY:
                             p = n_pairs
                             n_pairs += 1
-                            keys[s] = new_key
-                            ids[s] = p
+                            table[s, 0] = new_key
+                            table[s, 1] = p
                             pair_left[p] = new_left
                             pair_right[p] = new_right
                             pair_count[p] = 0
@@ -308,7 +358,7 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
                             pair_head[p] = -1
                             pair_last_word[p] = -1
                         else:
-                            p = ids[s]
+                            p = table[s, 1]
                         pair_count[p] += c
                         pair_occ[p] += 1
                         if pair_last_word[p] != w:
@@ -328,7 +378,7 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
         # Every pair holding the new token was created in this step.
         for p in range(first_new_pair, n_pairs):
             if pair_count[p] > 0:
-                heap_size = _heap_push(heap_pair, heap_count, heap_size, p, pair_count[p],
-                                       pair_left, pair_right, arena, tok_start, tok_len)
+                heap_size = _heap_push(heap, heap_size, p, pair_count[p],
+                                       pair_left, pair_right, tok_key, arena, tok_start, tok_len)
 
     return merge_left[:n_merges], merge_right[:n_merges]
