@@ -8,10 +8,11 @@ Data structures, all flat arrays inside one compiled function:
 
 - pair table: pair id -> (left, right, count, unweighted occurrences, head of its word list),
   found from the (left, right) key by open addressing;
-- word lists: for each pair, a singly linked list of the words that held it when it was created.
-  A word is appended at most once per pair, because a pair gets words only in the step that
-  creates it (every new pair contains the new token); a listed word may since have lost the pair,
-  which merging finds harmlessly;
+- word lists: for each pair, the words that held it when it was created, stored contiguously
+  and in ascending order (so a merge reads them sequentially). A pair gets words only in the step
+  that creates it (every new pair contains the new token), so each list is written once, with
+  each word at most once; a listed word may since have lost the pair, which merging finds
+  harmlessly;
 - a binary max-heap over (count, left bytes, right bytes), the order of Python's
   `max((count, (left_bytes, right_bytes)))`. Counts only ever fall for pairs already in the heap,
   so entries are updated lazily: a popped entry whose count is stale goes back with its count;
@@ -180,6 +181,31 @@ def _heap_pop(heap, size, pair_left, pair_right, arena, start, length):
 
 
 @njit(cache=True)
+def _file_word_lists(entry_pair, entry_word, n_entries, first_pair, n_pairs,
+                     list_words, n_listed, list_start, list_end, scratch):
+    """Store the (pair, word) entries of one step as one contiguous word list per pair.
+
+    Every entry's pair is in [first_pair, n_pairs) (the pairs created in that step). A counting
+    sort by pair keeps each list in the order the words were met (ascending), so a later merge
+    reads its words sequentially. Returns the new number of stored words.
+    """
+    n = n_pairs - first_pair
+    scratch[: n + 1] = 0
+    for k in range(n_entries):
+        scratch[entry_pair[k] - first_pair + 1] += 1
+    for q in range(n):
+        scratch[q + 1] += scratch[q]
+    for q in range(n):
+        list_start[first_pair + q] = n_listed + scratch[q]
+        list_end[first_pair + q] = n_listed + scratch[q + 1]
+    for k in range(n_entries):
+        q = entry_pair[k] - first_pair
+        list_words[n_listed + scratch[q]] = entry_word[k]
+        scratch[q] += 1
+    return n_listed + n_entries
+
+
+@njit(cache=True)
 def learn_merges(tokens, offsets, word_counts, num_merges):
     """Learn up to `num_merges` merges; return (left ids, right ids) in order of creation.
 
@@ -187,7 +213,12 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
     Token ids 0-255 are bytes; merge k creates id 256 + k. Stops early when no pair is left.
     """
     n_words = offsets.shape[0] - 1
-    lengths = offsets[1:] - offsets[:-1]
+    # Per word: (start, current length, count), in one row so a visit touches one cache line.
+    words = np.empty((n_words, 3), dtype=np.int64)
+    for w in range(n_words):
+        words[w, 0] = offsets[w]
+        words[w, 1] = offsets[w + 1] - offsets[w]
+        words[w, 2] = word_counts[w]
 
     # Token bytes, for the tie-break.
     n_ids = 256 + num_merges
@@ -209,17 +240,21 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
     pair_right = np.empty(pair_cap, dtype=np.int32)
     pair_count = np.zeros(pair_cap, dtype=np.int64)
     pair_occ = np.zeros(pair_cap, dtype=np.int64)
-    pair_head = np.empty(pair_cap, dtype=np.int64)
     pair_last_word = np.empty(pair_cap, dtype=np.int64)
+    list_start = np.empty(pair_cap, dtype=np.int64)
+    list_end = np.empty(pair_cap, dtype=np.int64)
     n_pairs = 0
     table_bits = 17
     table = _new_table(table_bits, pair_left, pair_right, 0)
 
-    # Word-list nodes.
-    node_cap = max(16, tokens.shape[0])
-    node_word = np.empty(node_cap, dtype=np.int64)
-    node_next = np.empty(node_cap, dtype=np.int64)
-    n_nodes = 0
+    # Word lists: the (pair, word) entries a step creates, then filed contiguously per pair.
+    entry_cap = max(16, tokens.shape[0])
+    entry_pair = np.empty(entry_cap, dtype=np.int64)
+    entry_word = np.empty(entry_cap, dtype=np.int32)
+    n_entries = 0
+    list_words = np.empty(entry_cap, dtype=np.int32)
+    n_listed = 0
+    scratch = np.empty(max(pair_cap, 2 * n_ids) + 2, dtype=np.int64)
 
     # Initial pair counts and word lists.
     for w in range(n_words):
@@ -234,7 +269,6 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
                 table[s, 1] = p
                 pair_left[p] = tokens[i]
                 pair_right[p] = tokens[i + 1]
-                pair_head[p] = -1
                 pair_last_word[p] = -1
             else:
                 p = table[s, 1]
@@ -242,10 +276,11 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
             pair_occ[p] += 1
             if pair_last_word[p] != w:
                 pair_last_word[p] = w
-                node_word[n_nodes] = w
-                node_next[n_nodes] = pair_head[p]
-                pair_head[p] = n_nodes
-                n_nodes += 1
+                entry_pair[n_entries] = p
+                entry_word[n_entries] = w
+                n_entries += 1
+    n_listed = _file_word_lists(entry_pair, entry_word, n_entries, 0, n_pairs,
+                                list_words, n_listed, list_start, list_end, scratch)
 
     heap = np.empty((pair_cap, 4), dtype=np.int64)
     heap_size = 0
@@ -292,9 +327,9 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
         tok_key[new] = _prefix_key(arena, arena_used, need)
         arena_used += need
 
-        # Room for this step: each occurrence creates at most two new pairs and two list nodes.
+        # Room for this step: each occurrence creates at most two new pairs and two list entries,
+        # and every new pair is (t, new) or (new, t) for an existing token t, or (new, new).
         most_new = 2 * pair_occ[best]
-        # New pairs are (t, new) or (new, t) for a token t that exists already, or (new, new).
         most_new_pairs = min(most_new, 2 * new + 1)
         if n_pairs + most_new_pairs > pair_cap:
             pair_cap = max(2 * pair_cap, n_pairs + most_new_pairs)
@@ -302,26 +337,28 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
             pair_right = _grow(pair_right, pair_cap)
             pair_count = _grow(pair_count, pair_cap)
             pair_occ = _grow(pair_occ, pair_cap)
-            pair_head = _grow(pair_head, pair_cap)
             pair_last_word = _grow(pair_last_word, pair_cap)
+            list_start = _grow(list_start, pair_cap)
+            list_end = _grow(list_end, pair_cap)
         while 2 * (n_pairs + most_new_pairs) > (1 << table_bits):  # load at most 1/2
             table_bits += 1
             table = _new_table(table_bits, pair_left, pair_right, n_pairs)
-        if n_nodes + most_new > node_word.shape[0]:
-            node_word = _grow(node_word, n_nodes + most_new)
-            node_next = _grow(node_next, n_nodes + most_new)
+        if most_new > entry_pair.shape[0]:
+            entry_pair = _grow(entry_pair, most_new)
+            entry_word = _grow(entry_word, most_new)
+        if n_listed + most_new > list_words.shape[0]:
+            list_words = _grow(list_words, n_listed + most_new)
         if heap_size + most_new_pairs > heap.shape[0]:
             heap = _grow_rows(heap, heap_size + most_new_pairs)
         shift = 64 - table_bits
         first_new_pair = n_pairs
+        n_entries = 0
 
-        node = pair_head[best]
-        while node != -1:
-            w = node_word[node]
-            node = node_next[node]
-            begin = offsets[w]
-            end = begin + lengths[w]
-            c = word_counts[w]
+        for k in range(list_start[best], list_end[best]):
+            w = list_words[k]
+            begin = words[w, 0]
+            end = begin + words[w, 1]
+            c = words[w, 2]
             i = begin
             j = begin  # write position: the word is rewritten in place
             while i < end:
@@ -355,7 +392,6 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
                             pair_right[p] = new_right
                             pair_count[p] = 0
                             pair_occ[p] = 0
-                            pair_head[p] = -1
                             pair_last_word[p] = -1
                         else:
                             p = table[s, 1]
@@ -363,18 +399,19 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
                         pair_occ[p] += 1
                         if pair_last_word[p] != w:
                             pair_last_word[p] = w
-                            node_word[n_nodes] = w
-                            node_next[n_nodes] = pair_head[p]
-                            pair_head[p] = n_nodes
-                            n_nodes += 1
+                            entry_pair[n_entries] = p
+                            entry_word[n_entries] = w
+                            n_entries += 1
                     tokens[j] = new
                     i += 2
                 else:
                     tokens[j] = tokens[i]
                     i += 1
                 j += 1
-            lengths[w] = j - begin
+            words[w, 1] = j - begin
 
+        n_listed = _file_word_lists(entry_pair, entry_word, n_entries, first_new_pair, n_pairs,
+                                    list_words, n_listed, list_start, list_end, scratch)
         # Every pair holding the new token was created in this step.
         for p in range(first_new_pair, n_pairs):
             if pair_count[p] > 0:
