@@ -135,12 +135,16 @@ def _classify(buf, classes, out):
 
 
 def as_uint8(buf) -> np.ndarray:
-    """A uint8 array viewing `buf` (bytes, bytearray, memoryview or uint8 array), not a copy."""
+    """A read-only uint8 array viewing `buf` (bytes, bytearray, memoryview or 1-D uint8 array)."""
     if isinstance(buf, np.ndarray):
         if buf.dtype != np.uint8 or buf.ndim != 1:
             raise TypeError(f"expected a 1-D uint8 array, got {buf.dtype} with shape {buf.shape}")
-        return buf
-    return np.frombuffer(buf, dtype=np.uint8)
+        view = np.ascontiguousarray(buf).view()
+    else:
+        view = np.frombuffer(buf, dtype=np.uint8)
+    # Read-only whatever the source, so each kernel is compiled for one buffer type only.
+    view.flags.writeable = False
+    return view
 
 
 def classify_utf8(buf, errors: str = "strict", *, source: str = "buffer", offset: int = 0):
@@ -344,8 +348,7 @@ def scan_gpt2(buf, segments: tuple[np.ndarray, np.ndarray] | None = None):
 
 # --- counting -------------------------------------------------------------------------------------
 
-_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
-_FNV_PRIME = np.uint64(0x100000001B3)
+_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing into slots
 _LONG = np.uint64(15)  # length code of words longer than 8 bytes, keyed by a hash
 _CODE_MASK = np.uint64(15)
@@ -421,26 +424,45 @@ def _add_spans(src, starts, ends, weights, n_spans, slots, bits, word_offsets, c
 
     The table: 2**bits slots, open addressing, at most half full; slot s is slots[2s] = key,
     slots[2s+1] = meta = (word id + 1) << 4 | length code (0 for an empty slot). A word of up to
-    8 bytes is its own key (its bytes packed, length code = its length), so finding it touches
-    one slot and nothing else; a longer word's key is a hash (length code _LONG), and its bytes
-    are compared in `arena` at word_offsets.
+    8 bytes is its own key (its bytes packed, length code = its length: "!" and "!\\x00" share a
+    key), so finding it touches one slot and nothing else; a longer word's key is a hash (length
+    code _LONG), and its bytes are compared in `arena` at word_offsets.
     """
     mask = (1 << bits) - 1
     shift = np.uint64(64 - bits)
+    src_size = src.shape[0]
     for t in range(n_spans):
         start = starts[t]
         end = ends[t]
         length = end - start
+        # The key: a word of up to 8 bytes packed little-endian, else a hash of its 8-byte
+        # chunks. One 8-byte load per chunk (LLVM merges the byte loads), masked to the word.
         key = np.uint64(0)
-        if length <= 8:
-            for i in range(start, end):
-                key = (key << np.uint64(8)) | np.uint64(src[i])
-            code = np.uint64(length)
-        else:
-            key = _FNV_OFFSET
-            for i in range(start, end):
-                key = (key ^ np.uint64(src[i])) * _FNV_PRIME
-            code = _LONG
+        i = start
+        while True:
+            if i + 8 <= src_size:
+                chunk = (np.uint64(src[i]) | np.uint64(src[i + 1]) << np.uint64(8)
+                         | np.uint64(src[i + 2]) << np.uint64(16)
+                         | np.uint64(src[i + 3]) << np.uint64(24)
+                         | np.uint64(src[i + 4]) << np.uint64(32)
+                         | np.uint64(src[i + 5]) << np.uint64(40)
+                         | np.uint64(src[i + 6]) << np.uint64(48)
+                         | np.uint64(src[i + 7]) << np.uint64(56))
+                if end - i < 8:
+                    chunk &= _ALL_ONES >> np.uint64(64 - 8 * (end - i))
+            else:  # near the end of src: byte by byte, same value
+                chunk = np.uint64(0)
+                for m in range(min(end, i + 8) - 1, i - 1, -1):
+                    chunk = (chunk << np.uint64(8)) | np.uint64(src[m])
+            if length <= 8:
+                key = chunk
+                break
+            key = (key ^ chunk) * _GOLDEN
+            key ^= key >> np.uint64(29)
+            i += 8
+            if i >= end:
+                break
+        code = np.uint64(length) if length <= 8 else _LONG
         s = np.int64((key * _GOLDEN) >> shift)
         while True:
             meta = slots[2 * s + 1]

@@ -197,8 +197,8 @@ def test_counts_equal_counter_of_regex_findall_on_generated_texts(text, special_
 
 
 def test_words_equal_but_for_nul_bytes_stay_apart():
-    # Words of up to 8 bytes are keyed by their packed bytes, so "!" and "\x00!" share a key
-    # and differ only in length. (Newlines, not spaces, between them: no space prefix.)
+    # Words of up to 8 bytes are keyed by their bytes packed little-endian, so "!" and "!\x00"
+    # share a key and differ only in length. (Newlines, not spaces, between: no space prefix.)
     text = "\n".join(["!", "\x00!", "!\x00", "\x00\x00!", "!\x00\x00", "\x00"] * 3)
     assert count_gpt2(text.encode()).to_dict() == regex_counts(text)
 
