@@ -29,6 +29,7 @@ from nbbpe.pretokenize_kernels import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
+SHARED_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "multi_1M.txt"
 FIXTURE_TEXTS = sorted(path.name for path in FIXTURES.glob("*.txt")) + ["corpus.en"]
 EOT = "<|endoftext|>"
 GPT2 = regex.compile(GPT2_PATTERN)
@@ -134,6 +135,13 @@ def test_char_classes_agree_with_regex_on_every_code_point():
 @pytest.mark.parametrize("name", FIXTURE_TEXTS)
 def test_scan_matches_regex_on_fixture_texts(name):
     assert_scan_matches_regex(read(name))
+
+
+@pytest.mark.skipif(not SHARED_CORPUS.exists(), reason="the shared development corpora are absent")
+def test_scan_and_counts_match_regex_on_the_whole_shared_multilingual_corpus():
+    text = SHARED_CORPUS.read_text(encoding="utf-8")
+    assert_scan_matches_regex(text)
+    assert count_gpt2(text.encode("utf-8"), [EOT]).to_dict() == regex_counts(text, [EOT])
 
 
 @settings(max_examples=400)
