@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-NO_RANK = np.int32(np.iinfo(np.int32).max)
+NO_MERGE = np.int64(np.iinfo(np.int64).max)  # sorts after every (rank << 32 | merged id)
 _EMPTY = np.int64(-1)
 _HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -32,12 +32,15 @@ _FNV_PRIME = np.uint64(0x100000001B3)
 
 
 class RankTable(NamedTuple):
-    """Merges as a hash table over token-id pairs: pair -> (rank, merged id)."""
+    """Merges as a hash table over token-id pairs: pair -> (rank, merged id).
 
-    keys: np.ndarray  # int64, (left << 32) | right, -1 where empty; length a power of two
-    ranks: np.ndarray  # int32
-    merged: np.ndarray  # int32
-    shift: int  # 64 - log2(len(keys)): the top bits of the hashed key pick the slot
+    Slot s is `entries[2s]`, the key (left << 32 | right, -1 where empty), and `entries[2s + 1]`,
+    the merge (rank << 32 | merged id): one probe reads one cache line, and merges compare by
+    rank as plain integers.
+    """
+
+    entries: np.ndarray  # int64; twice a power of two
+    shift: int  # 64 - log2(number of slots): the top bits of the hashed key pick the slot
     byte_ids: np.ndarray  # int32[256]: the id of each single byte
 
 
@@ -65,13 +68,13 @@ def build_rank_table(left: np.ndarray, right: np.ndarray, merged: np.ndarray,
     """
     n = len(left)
     bits = max(4, int(2 * n - 1).bit_length())  # load factor at most 1/2
-    keys, ranks, merged_ids = _fill_rank_table(
+    entries = _fill_rank_table(
         np.ascontiguousarray(left, dtype=np.int32),
         np.ascontiguousarray(right, dtype=np.int32),
         np.ascontiguousarray(merged, dtype=np.int32),
         bits,
     )
-    return RankTable(keys, ranks, merged_ids, 64 - bits, np.ascontiguousarray(byte_ids, dtype=np.int32))
+    return RankTable(entries, 64 - bits, np.ascontiguousarray(byte_ids, dtype=np.int32))
 
 
 def new_cache(max_entries: int = 1 << 17, max_key_len: int = 64) -> EncodeCache:
@@ -96,7 +99,7 @@ def encode_pretokens(data: np.ndarray, offsets: np.ndarray, special_slots: np.nd
         cache = _NO_CACHE
     return _encode_pretokens(
         data, offsets, special_slots, special_ids,
-        table.keys, table.ranks, table.merged, table.shift, table.byte_ids,
+        table.entries, table.shift, table.byte_ids,
         cache.slots, cache.records, cache.fill, cache.shift, cache.max_entries, cache.max_key_len,
     )
 
@@ -104,8 +107,8 @@ def encode_pretokens(data: np.ndarray, offsets: np.ndarray, special_slots: np.nd
 def merge_pretoken(token_ids: np.ndarray, table: RankTable) -> np.ndarray:
     """The merged ids of one pre-token given as ids (mainly for tests and tools)."""
     work = np.array(token_ids, dtype=np.int32)
-    ranks = np.empty(max(1, len(work)), dtype=np.int32)
-    m = _merge(work, ranks, len(work), table.keys, table.ranks, table.merged, table.shift)
+    merges = np.empty(max(1, len(work)), dtype=np.int64)
+    m = _merge(work, merges, len(work), table.entries, table.shift)
     return work[:m].copy()
 
 
@@ -115,70 +118,61 @@ def merge_pretoken(token_ids: np.ndarray, table: RankTable) -> np.ndarray:
 @njit(cache=True)
 def _fill_rank_table(left, right, merged, bits):
     size = 1 << bits
-    keys = np.full(size, _EMPTY, dtype=np.int64)
-    ranks = np.full(size, NO_RANK, dtype=np.int32)
-    merged_ids = np.full(size, -1, dtype=np.int32)
+    entries = np.full(2 * size, _EMPTY, dtype=np.int64)
     shift = 64 - bits
     mask = size - 1
     for r in range(left.shape[0]):
         key = (np.int64(left[r]) << 32) | np.int64(right[r])
         slot = np.int64((np.uint64(key) * _HASH_MULTIPLIER) >> np.uint64(shift))
-        while keys[slot] != _EMPTY and keys[slot] != key:
+        while entries[2 * slot] != _EMPTY and entries[2 * slot] != key:
             slot = (slot + 1) & mask
-        keys[slot] = key
-        ranks[slot] = r
-        merged_ids[slot] = merged[r]
-    return keys, ranks, merged_ids
+        entries[2 * slot] = key
+        entries[2 * slot + 1] = (np.int64(r) << 32) | np.int64(merged[r])
+    return entries
 
 
 @njit(cache=True, inline="always")
-def _pair_slot(keys, shift, a, b):
-    """The slot of pair (a, b) in the rank table, or -1 if it is not a merge."""
+def _pair_merge(entries, shift, a, b):
+    """(rank << 32 | merged id) of pair (a, b), or NO_MERGE if it is not a merge."""
     key = (np.int64(a) << 32) | np.int64(b)
-    mask = keys.shape[0] - 1
+    mask = (entries.shape[0] >> 1) - 1
     slot = np.int64((np.uint64(key) * _HASH_MULTIPLIER) >> np.uint64(shift))
     while True:
-        k = keys[slot]
+        k = entries[2 * slot]
         if k == key:
-            return slot
+            return entries[2 * slot + 1]
         if k == _EMPTY:
-            return -1
+            return NO_MERGE
         slot = (slot + 1) & mask
 
 
-@njit(cache=True, inline="always")
-def _pair_rank(keys, pair_ranks, shift, a, b):
-    slot = _pair_slot(keys, shift, a, b)
-    return pair_ranks[slot] if slot >= 0 else NO_RANK
-
-
 @njit(cache=True)
-def _merge(work, ranks, m, keys, pair_ranks, pair_merged, shift):
+def _merge(work, merges, m, entries, shift):
     """Merge `work[:m]` in place, GPT-2 style; return the new length.
 
-    `ranks[i]` is the rank of pair (work[i], work[i + 1]). A round finds the lowest rank, then
-    sweeps from its first occurrence, merging every occurrence left to right and updating the
-    ranks of the pairs that change; pairs between untouched tokens keep their rank.
+    `merges[i]` is the merge (rank << 32 | merged id) of pair (work[i], work[i + 1]). A round
+    finds the lowest, then sweeps from its first occurrence, merging every occurrence left to
+    right and updating the pairs that change; pairs between untouched tokens keep theirs.
     """
     for i in range(m - 1):
-        ranks[i] = _pair_rank(keys, pair_ranks, shift, work[i], work[i + 1])
+        merges[i] = _pair_merge(entries, shift, work[i], work[i + 1])
     while m > 1:
-        best = NO_RANK
+        best = NO_MERGE
         at = -1
         for i in range(m - 1):
-            if ranks[i] < best:
-                best = ranks[i]
+            if merges[i] < best:
+                best = merges[i]
                 at = i
         if at < 0:
             break
-        merged = pair_merged[_pair_slot(keys, shift, work[at], work[at + 1])]
-        # Each rank belongs to one pair, so ranks[i] == best marks an occurrence of it. Writes
-        # go to w <= i, behind the reads, so the sweep can rewrite work and ranks in place.
+        merged = np.int32(best & 0xFFFFFFFF)
+        # Each rank belongs to one pair, so merges[i] == best marks an occurrence of it. Writes
+        # go to w <= i, behind the reads, so the sweep can rewrite work and merges in place.
         w = at
         i = at
         prev_copied = at > 0  # work[w - 1] is the old token at i - 1, unchanged
         while i < m:
-            if i < m - 1 and ranks[i] == best:
+            if i < m - 1 and merges[i] == best:
                 token = merged
                 copied = False
                 step = 2
@@ -188,9 +182,9 @@ def _merge(work, ranks, m, keys, pair_ranks, pair_merged, shift):
                 step = 1
             if w > 0:
                 if copied and prev_copied:
-                    ranks[w - 1] = ranks[i - 1]
+                    merges[w - 1] = merges[i - 1]
                 else:
-                    ranks[w - 1] = _pair_rank(keys, pair_ranks, shift, work[w - 1], token)
+                    merges[w - 1] = _pair_merge(entries, shift, work[w - 1], token)
             work[w] = token
             prev_copied = copied
             w += 1
@@ -209,14 +203,14 @@ def _hash_bytes(data, start, end):
 
 @njit(cache=True)
 def _encode_pretokens(data, offsets, special_slots, special_ids,
-                      keys, pair_ranks, pair_merged, shift, byte_ids,
+                      entries, shift, byte_ids,
                       slots, records, fill, cache_shift, max_entries, max_key_len):
     n = offsets.shape[0] - 1
     longest = 1
     for k in range(n):
         longest = max(longest, offsets[k + 1] - offsets[k])
     work = np.empty(longest, dtype=np.int32)
-    ranks = np.empty(longest, dtype=np.int32)
+    merges = np.empty(longest, dtype=np.int64)
     out = np.empty(offsets[n] - offsets[0] + 1, dtype=np.int32)  # at most one id per byte
     w = 0
     next_special = 0
@@ -272,7 +266,7 @@ def _encode_pretokens(data, offsets, special_slots, special_ids,
 
         for i in range(length):
             work[i] = byte_ids[data[start + i]]
-        m = _merge(work, ranks, length, keys, pair_ranks, pair_merged, shift)
+        m = _merge(work, merges, length, entries, shift)
         for i in range(m):
             out[w + i] = work[i]
         w += m

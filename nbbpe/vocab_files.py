@@ -53,12 +53,28 @@ def spell(token: bytes) -> str:
     return "".join(table[b] for b in token)
 
 
+class _NotSpelled(Exception):
+    pass
+
+
+class _UnspellTable(dict):
+    """str.translate table: spelled character -> the character of its byte (then Latin-1)."""
+
+    def __missing__(self, code):
+        # not a LookupError, which str.translate takes as "leave the character as it is"
+        raise _NotSpelled(chr(code))
+
+
+@lru_cache(maxsize=1)
+def _unspell_table() -> _UnspellTable:
+    return _UnspellTable({ord(c): b for c, b in unicode_to_byte().items()})
+
+
 def unspell(text: str, *, source: str = "vocab file") -> bytes:
     """The bytes a GPT-2 spelling stands for."""
-    table = unicode_to_byte()
     try:
-        return bytes(table[c] for c in text)
-    except KeyError as exc:
+        return text.translate(_unspell_table()).encode("latin-1")
+    except _NotSpelled as exc:
         raise ValueError(
             f"{source}: {text!r} contains {exc.args[0]!r}, which is not in GPT-2's "
             "byte-to-unicode table"
@@ -166,6 +182,8 @@ def check_vocab(vocab, source: str = "vocab") -> Vocab:
     """`vocab` as a dict[int, bytes] sorted by id, or raise naming the bad entry."""
     if not isinstance(vocab, dict):
         raise TypeError(f"{source}: expected a dict[int, bytes], got {type(vocab).__name__}")
+    if all(type(i) is int and i >= 0 for i in vocab) and all(type(t) is bytes for t in vocab.values()):
+        return dict(sorted(vocab.items()))  # the common case, checked in bulk
     out: Vocab = {}
     for i in sorted(vocab, key=lambda k: (not isinstance(k, int), k if isinstance(k, int) else 0)):
         if isinstance(i, bool) or not isinstance(i, int):
@@ -180,6 +198,9 @@ def check_merges(merges, source: str = "merges") -> Merges:
     """`merges` as a list of (bytes, bytes), or raise naming the bad entry."""
     if isinstance(merges, (str, bytes, dict)) or not isinstance(merges, Sequence):
         raise TypeError(f"{source}: expected a list of (bytes, bytes) pairs, got {type(merges).__name__}")
+    if all(type(p) is tuple and len(p) == 2 and type(p[0]) is bytes and type(p[1]) is bytes
+           for p in merges):
+        return list(merges)  # the common case, checked in bulk
     out: Merges = []
     for k, pair in enumerate(merges):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
