@@ -104,14 +104,6 @@ def encode_pretokens(data: np.ndarray, offsets: np.ndarray, special_slots: np.nd
     )
 
 
-def merge_pretoken(token_ids: np.ndarray, table: RankTable) -> np.ndarray:
-    """The merged ids of one pre-token given as ids (mainly for tests and tools)."""
-    work = np.array(token_ids, dtype=np.int32)
-    merges = np.empty(max(1, len(work)), dtype=np.int64)
-    m = _merge(work, merges, len(work), table.entries, table.shift)
-    return work[:m].copy()
-
-
 # --- kernels -------------------------------------------------------------------------------
 
 

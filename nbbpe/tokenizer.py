@@ -13,7 +13,6 @@ Encoding is three steps over a block of text (at most about `BLOCK_CHARS` charac
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator
 
@@ -34,16 +33,17 @@ from .vocab_files import (
     check_merges,
     check_vocab,
     load_hf_tokenizer_json,
+    load_tokenizer_config,
     load_vocab_and_merges,
     save_gpt2_files,
     save_hf_tokenizer_json,
     save_pickle_files,
     save_tiktoken_ranks,
+    save_tokenizer_config,
     tiktoken_ranks,
 )
 
 BLOCK_CHARS = 1 << 20  # characters encoded per kernel call: bounds the temporary lists
-CONFIG_FILE = "nbbpe.json"
 _MAX_ID = (1 << 31) - 1  # ids are int32 in the kernels
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
 _NO_IDS = np.zeros(0, dtype=np.int32)
@@ -90,6 +90,10 @@ class Tokenizer:
         specials = validate_special_tokens(special_tokens)
         if not isinstance(pattern, str):
             raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+        compiled = regex.compile(pattern)
+        if compiled.groups:
+            raise ValueError(f"pattern {pattern!r} has capturing groups; use (?:...) so that "
+                             "findall returns whole matches")
 
         ids: dict[bytes, int] = {}
         for i, token in vocab.items():
@@ -145,7 +149,7 @@ class Tokenizer:
             raise ValueError(f"block_chars must be a positive int, got {block_chars!r}")
         self._block_chars = block_chars
 
-        self._findall = regex.compile(pattern).findall
+        self._findall = compiled.findall
         self._cut = _GPT2_CUT if pattern == GPT2_PATTERN else _OTHER_CUT
         if specials:
             self._special_split = regex.compile(f"({special_token_regex(specials).pattern})").split
@@ -185,11 +189,7 @@ class Tokenizer:
     @classmethod
     def load(cls, directory, **options) -> Tokenizer:
         """Load what `save(directory)` wrote."""
-        config_path = os.path.join(directory, CONFIG_FILE)
-        if not os.path.exists(config_path):
-            raise FileNotFoundError(f"no {CONFIG_FILE} in {os.fspath(directory)!r}: not a saved Tokenizer")
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
+        config = load_tokenizer_config(directory)
         vocab, merges = load_vocab_and_merges(
             os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt")
         )
@@ -200,11 +200,7 @@ class Tokenizer:
         """Write `vocab.json`, `merges.txt` (GPT-2 format) and `nbbpe.json` (special tokens,
         pattern) into `directory`; `Tokenizer.load(directory)` reads them back."""
         paths = list(save_gpt2_files(self.vocab, self.merges, directory))
-        config_path = os.path.join(directory, CONFIG_FILE)
-        with open(config_path, "w", encoding="utf-8") as f:
-            json.dump({"special_tokens": self.special_tokens, "pattern": self.pattern}, f,
-                      ensure_ascii=False, indent=1)
-        return paths + [config_path]
+        return paths + [save_tokenizer_config(directory, self.special_tokens, self.pattern)]
 
     def save_pickle(self, vocab_path, merges_path) -> tuple[str, str]:
         """Write the vocab (`dict[int, bytes]`) and merges (`list[tuple[bytes, bytes]]`) pickles."""
@@ -245,7 +241,9 @@ class Tokenizer:
         """The ids of the concatenated strings of `iterable` (e.g. a text file handle), lazily.
 
         Memory stays bounded whatever the total size: text is held only up to the next place
-        where a cut cannot change the ids (so a pre-token or special token may span chunks).
+        where a cut cannot change the ids (so a pre-token or special token may span chunks),
+        about `block_chars` characters, or more only if one pre-token is longer than that.
+        A single str is taken as one chunk.
         """
         for ids in self.encode_iterable_to_numpy(iterable, dtype=np.int64):
             yield from ids.tolist()
@@ -355,8 +353,8 @@ class Tokenizer:
         return data, offsets, special_slots, special_ids
 
     def _safe_cut(self, text: str) -> int:
-        """The largest p such that `text[:p]` encodes to a prefix of the ids of `text + rest`
-        whatever `rest` is (0 if there is none).
+        """A position p, as late as the rules below find, such that `text[:p]` encodes to a
+        prefix of the ids of `text + rest` whatever `rest` is (0 if there is none).
 
         A special-token match starting at s is certain once all longer alternatives could be
         checked (s + longest <= len(text)); a cut right after a certain one is safe. Beyond it,

@@ -135,6 +135,34 @@ def _write_atomically(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+CONFIG_FILE = "nbbpe.json"
+
+
+def save_tokenizer_config(directory: str | os.PathLike, special_tokens: Sequence[str], pattern: str) -> str:
+    """Write `nbbpe.json` (the special tokens and the pattern, which vocab.json and merges.txt
+    do not record) into `directory`; return its path."""
+    path = os.path.join(directory, CONFIG_FILE)
+    config = {"special_tokens": list(special_tokens), "pattern": pattern}
+    _write_atomically(path, json.dumps(config, ensure_ascii=False, indent=1))
+    return path
+
+
+def load_tokenizer_config(directory: str | os.PathLike) -> dict:
+    """Read `nbbpe.json` from `directory`: {"special_tokens": [...], "pattern": str}."""
+    path = os.path.join(directory, CONFIG_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no {CONFIG_FILE} in {os.fspath(directory)!r}: not a saved Tokenizer")
+    with open(path, encoding="utf-8") as f:
+        try:
+            config = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc})") from None
+    if (not isinstance(config, dict) or not isinstance(config.get("special_tokens", []), list)
+            or not isinstance(config.get("pattern", ""), str)):
+        raise ValueError(f"{path}: expected {{\"special_tokens\": [str, ...], \"pattern\": str}}")
+    return config
+
+
 def _check_file(path, what: str) -> None:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{what} path must be a str or os.PathLike, got {type(path).__name__}")

@@ -279,6 +279,29 @@ def test_special_token_split_across_chunks(gpt2, gpt2_small_blocks):
             assert list(tokenizer.encode_iterable([text[:cut], text[cut:]])) == expected
 
 
+SPACED_SPECIALS = ["<| |>", "\n\n<|doc|>", "\n\n<|doc|> x"]
+
+
+@pytest.fixture(scope="module")
+def spaced_specials(gpt2_files):
+    """Special tokens holding whitespace, some prefixes of others: a cut must not split them."""
+    return (Tokenizer(*gpt2_files, SPACED_SPECIALS, block_chars=4),
+            ReferenceEncoder(*gpt2_files, SPACED_SPECIALS))
+
+
+@given(st.lists(st.sampled_from(SPACED_SPECIALS + ["<|", " |>", "\n", " ", "\n\n", "a", "doc", "x",
+                                                   " x", "<|doc|>"]), max_size=30).map("".join),
+       st.lists(st.integers(0, 200), max_size=8))
+@settings(max_examples=200)
+def test_streaming_with_special_tokens_holding_spaces(spaced_specials, text, cuts):
+    tokenizer, reference = spaced_specials
+    cuts = sorted(min(c, len(text)) for c in cuts)
+    chunks = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+    expected = reference.encode(text)
+    assert tokenizer.encode(text) == expected
+    assert list(tokenizer.encode_iterable(chunks)) == expected
+
+
 # --- special tokens -------------------------------------------------------------------------
 
 
@@ -412,6 +435,8 @@ def test_bad_vocab_and_merges_raise_naming_the_problem():
         Tokenizer(vocab, [], ["\ud800"])
     with pytest.raises(ValueError, match="cache_size"):
         Tokenizer(vocab, [], cache_size=-1)
+    with pytest.raises(ValueError, match="has capturing groups"):
+        Tokenizer(vocab, [], pattern=r"(\w+)|\s+")
 
 
 def test_from_files_missing_paths(tmp_path):
