@@ -18,15 +18,21 @@ class Words(NamedTuple):
     counts: np.ndarray  # int64
 
 
-def intern_words(counts: dict[bytes, int]) -> Words:
-    """Lay out the pre-tokens with two or more bytes (a single byte holds no pair) as byte ids.
+def intern_words(table) -> Words:
+    """Lay out the counted pre-tokens with two or more bytes as runs of byte ids (0-255).
 
-    Builds the arrays from the unique words only: nothing here is per occurrence.
+    `table` is a `PretokenCounts` (word_bytes uint8, word_offsets int64, counts int64). A
+    one-byte pre-token holds no pair, so it is left out. All array operations: nothing here is
+    per occurrence, or even per word in Python.
     """
-    words = [word for word in counts if len(word) > 1]
-    n = len(words)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, words), dtype=np.int64, count=n), out=offsets[1:])
-    tokens = np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.int32)
-    word_counts = np.fromiter(map(counts.__getitem__, words), dtype=np.int64, count=n)
-    return Words(tokens, offsets, word_counts)
+    word_bytes, word_offsets, counts = table
+    lengths = np.diff(word_offsets)
+    keep = lengths > 1
+    starts = word_offsets[:-1][keep]
+    kept_lengths = lengths[keep]
+    offsets = np.zeros(len(kept_lengths) + 1, dtype=np.int64)
+    np.cumsum(kept_lengths, out=offsets[1:])
+    # Byte k of the kept words comes from word_bytes[start of its word + k - offset of its word].
+    shift = np.repeat(starts - offsets[:-1], kept_lengths)
+    tokens = word_bytes[shift + np.arange(offsets[-1], dtype=np.int64)].astype(np.int32)
+    return Words(tokens, offsets, np.ascontiguousarray(counts[keep], dtype=np.int64))

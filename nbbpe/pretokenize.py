@@ -14,6 +14,7 @@ import traceback
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import regex
 from tqdm import tqdm
 
@@ -93,23 +94,68 @@ class PreTokenizer:
             counts.update(findall(segment))
 
 
-# --- counting a corpus file in worker processes -------------------------------------------------
+# --- counting pre-tokens ------------------------------------------------------------------------
+
+PRETOKENIZERS = ("auto", "compiled", "regex")
 
 
-def _count_chunks(path, pattern, special_tokens, errors, tasks, results) -> None:
+class RegexPretokenCounter:
+    """Counts pre-tokens of any pattern with `regex` across chunks: the reference path.
+
+    Same interface as the compiled `pretokenize_kernels.PretokenCounter`: `add` UTF-8 chunks,
+    then take `result()`, the unique pre-tokens with their counts as flat arrays.
+    """
+
+    def __init__(self, pattern: str, special_tokens: Sequence[str] = (), errors: str = "strict"):
+        check_errors_policy(errors)
+        self.errors = errors
+        self._pretokenizer = PreTokenizer(pattern, special_tokens)
+        self._counts: Counter = Counter()
+
+    def add(self, buf, *, source: str = "buffer", offset: int = 0) -> None:
+        text = decode_utf8(bytes(buf), self.errors, source=source, offset=offset)
+        self._pretokenizer.count_into(self._counts, text)
+
+    def result(self):
+        from .pretokenize_kernels import PretokenCounts
+
+        words = [word.encode("utf-8") for word in self._counts]
+        offsets = np.zeros(len(words) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, words), dtype=np.int64, count=len(words)), out=offsets[1:])
+        return PretokenCounts(
+            np.frombuffer(b"".join(words), dtype=np.uint8).copy(),
+            offsets,
+            np.fromiter(self._counts.values(), dtype=np.int64, count=len(words)),
+        )
+
+
+def make_pretoken_counter(pattern: str, special_tokens: Sequence[str], errors: str,
+                          pretokenizer: str = "auto"):
+    """A counter for `pattern`: the compiled one for GPT-2's pattern ("auto"), else `regex`."""
+    if pretokenizer not in PRETOKENIZERS:
+        raise ValueError(f"pretokenizer must be one of {PRETOKENIZERS}, got {pretokenizer!r}")
+    if pretokenizer == "compiled" and pattern != GPT2_PATTERN:
+        raise ValueError("the compiled pre-tokenizer implements only GPT2_PATTERN; "
+                         "use pretokenizer='regex' (or 'auto') for other patterns")
+    if pretokenizer != "regex" and pattern == GPT2_PATTERN:
+        from .pretokenize_kernels import PretokenCounter
+
+        return PretokenCounter(special_tokens, errors)
+    return RegexPretokenCounter(pattern, special_tokens, errors)
+
+
+def _count_chunks(path, counter_args, tasks, results) -> None:
     """Worker: count the pre-tokens of each chunk range taken from `tasks` until a None.
 
-    Counts accumulate in one Counter per worker (its size is bounded by the number of unique
-    pre-tokens, not by the corpus size) and go back once, keyed by UTF-8 bytes.
+    Counts accumulate in one table per worker (its size is bounded by the number of unique
+    pre-tokens, not by the corpus size) and go back once, as flat arrays.
     """
     try:
-        pretokenizer = PreTokenizer(pattern, special_tokens)
-        counts: Counter = Counter()
+        counter = make_pretoken_counter(*counter_args)
         for start, end in iter(tasks.get, None):
-            text = decode_utf8(read_range(path, start, end), errors, source=str(path), offset=start)
-            pretokenizer.count_into(counts, text)
+            counter.add(read_range(path, start, end), source=path, offset=start)
             results.put(("progress", end - start))
-        results.put(("counts", {word.encode("utf-8"): n for word, n in counts.items()}))
+        results.put(("counts", counter.result()))
     except BaseException as exc:  # report every failure; the parent raises it
         results.put(("error", exc, traceback.format_exc()))
 
@@ -126,36 +172,40 @@ def count_pretokens_in_file(
     special_tokens: Sequence[str],
     *,
     pattern: str = GPT2_PATTERN,
+    pretokenizer: str = "auto",
     num_workers: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     errors: str = "strict",
     progress: bool = False,
-) -> dict[bytes, int]:
-    """Count every pre-token of the file, special tokens cut out: {utf-8 bytes: count}."""
+):
+    """Count every pre-token of the file, special tokens cut out.
+
+    Returns a `PretokenCounts` table (unique pre-tokens as UTF-8 bytes, with counts).
+    """
     size = check_corpus_path(path)
-    check_errors_policy(errors)
+    counter_args = (pattern, list(special_tokens), errors, pretokenizer)
+    counter = make_pretoken_counter(*counter_args)  # checks the arguments before any work
     num_workers = default_num_workers() if num_workers is None else num_workers
-    if not isinstance(num_workers, int) or num_workers < 1:
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
     bounds = chunk_boundaries(path, chunk_bytes, special_tokens, size=size)
     ranges = list(zip(bounds[:-1], bounds[1:]))
     num_workers = min(num_workers, len(ranges))
+    path = os.fspath(path)
 
     bar = tqdm(total=size, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress)
     with bar:
         if num_workers == 1:
-            pretokenizer = PreTokenizer(pattern, special_tokens)
-            counts: Counter = Counter()
             for start, end in ranges:
-                data = read_range(path, start, end)
-                text = decode_utf8(data, errors, source=str(path), offset=start)
-                pretokenizer.count_into(counts, text)
+                counter.add(read_range(path, start, end), source=path, offset=start)
                 bar.update(end - start)
-            return {word.encode("utf-8"): n for word, n in counts.items()}
-        return _count_in_workers(path, pattern, special_tokens, errors, ranges, num_workers, bar)
+            return counter.result()
+        return _count_in_workers(path, counter_args, ranges, num_workers, bar)
 
 
-def _count_in_workers(path, pattern, special_tokens, errors, ranges, num_workers, bar):
+def _count_in_workers(path, counter_args, ranges, num_workers, bar):
+    from .pretokenize_kernels import merge_counts
+
     # fork starts workers at once and shares the imported modules; elsewhere, spawn.
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
@@ -166,19 +216,14 @@ def _count_in_workers(path, pattern, special_tokens, errors, ranges, num_workers
     for _ in range(num_workers):
         tasks.put(None)
     workers = [
-        context.Process(
-            target=_count_chunks,
-            args=(os.fspath(path), pattern, list(special_tokens), errors, tasks, results),
-            daemon=True,
-        )
+        context.Process(target=_count_chunks, args=(path, counter_args, tasks, results), daemon=True)
         for _ in range(num_workers)
     ]
     for worker in workers:
         worker.start()
-    total: dict[bytes, int] | None = None
-    finished = 0
+    tables = []
     try:
-        while finished < num_workers:
+        while len(tables) < num_workers:
             try:
                 message = results.get(timeout=0.5)
             except queue.Empty:
@@ -186,7 +231,7 @@ def _count_in_workers(path, pattern, special_tokens, errors, ranges, num_workers
                 if dead:
                     raise RuntimeError(
                         f"a pre-tokenization worker died (exit code {dead[0].exitcode}) "
-                        f"while counting {os.fspath(path)!r}; no result was produced"
+                        f"while counting {path!r}; no result was produced"
                     ) from None
                 continue
             kind = message[0]
@@ -195,16 +240,10 @@ def _count_in_workers(path, pattern, special_tokens, errors, ranges, num_workers
             elif kind == "error":
                 raise message[1] from RuntimeError(f"in a pre-tokenization worker:\n{message[2]}")
             else:
-                finished += 1
-                if total is None:
-                    total = message[1]
-                else:
-                    get = total.get
-                    for word, n in message[1].items():
-                        total[word] = get(word, 0) + n
+                tables.append(message[1])
     finally:
         for worker in workers:
             if worker.is_alive():
                 worker.terminate()
             worker.join()
-    return total
+    return merge_counts(tables)

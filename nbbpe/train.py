@@ -22,6 +22,7 @@ def train_bpe(
     *,
     num_workers: int | None = None,
     pattern: str = GPT2_PATTERN,
+    pretokenizer: str = "auto",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     errors: str = "strict",
     progress: bool | None = None,
@@ -36,7 +37,9 @@ def train_bpe(
     merges the most frequent pair, ties going to the greatest (left bytes, right bytes).
 
     Options: `num_workers` processes pre-tokenize chunks of about `chunk_bytes` (default: one per
-    CPU); `pattern` is the pre-tokenization regex (GPT-2's by default); `errors` is the policy for
+    CPU); `pattern` is the pre-tokenization regex (GPT-2's by default); `pretokenizer` is "auto"
+    (the compiled scanner for GPT-2's pattern, `regex` for any other) or "regex" (the reference
+    path, for any pattern); `errors` is the policy for
     invalid UTF-8 ("strict" raises naming the byte offset, "replace" reads it as U+FFFD);
     `progress` shows a progress bar (default: when stderr is a terminal); `timings`, if given a
     dict, receives the seconds spent in each phase.
@@ -58,6 +61,7 @@ def train_bpe(
         input_path,
         specials,
         pattern=pattern,
+        pretokenizer=pretokenizer,
         num_workers=num_workers,
         chunk_bytes=chunk_bytes,
         errors=errors,

@@ -93,13 +93,15 @@ def test_stops_early_when_no_pair_is_left(tmp_path):
     assert len(vocab) == 257 + 2
 
 
-def test_same_result_for_any_worker_count_and_chunk_size(tmp_path):
+@pytest.mark.parametrize("pretokenizer", ["auto", "regex"])
+def test_same_result_for_any_worker_count_and_chunk_size(tmp_path, pretokenizer):
     text = (FIXTURES / "corpus.en").read_text(encoding="utf-8")[:60_000]
     path = write(tmp_path, text)
     expected = reference_train_bpe(text, 400, [EOT])
     for workers in (1, 2, 4):
         for chunk_bytes in (257, 4096, 1 << 20):
-            got = train_bpe(path, 400, [EOT], num_workers=workers, chunk_bytes=chunk_bytes)
+            got = train_bpe(path, 400, [EOT], num_workers=workers, chunk_bytes=chunk_bytes,
+                            pretokenizer=pretokenizer)
             assert got == expected, (workers, chunk_bytes)
 
 
@@ -117,19 +119,35 @@ TRICKY = ["a", "b", "A", "B", "aa", "ab", " ", "  ", "\n", "\t", "'s", "'", "é"
           "🙂", "1", "23", ".", "!", "\u00a0", "\u2028", "\r\n", "<|endoftext|>"]
 
 
-@settings(max_examples=60)
+@settings(max_examples=80)
 @given(
     pieces=st.lists(st.sampled_from(TRICKY), min_size=1, max_size=120),
     extra=st.integers(0, 60),
     workers=st.sampled_from([1, 2]),
     chunk_bytes=st.sampled_from([7, 64, 1 << 20]),
+    pretokenizer=st.sampled_from(["auto", "regex"]),
 )
-def test_fast_path_equals_reference_on_random_corpora(tmp_path_factory, pieces, extra, workers, chunk_bytes):
+def test_fast_path_equals_reference_on_random_corpora(tmp_path_factory, pieces, extra, workers,
+                                                      chunk_bytes, pretokenizer):
     text = "".join(pieces)
     path = write(tmp_path_factory.mktemp("c"), text)
     vocab_size = 257 + extra
-    got = train_bpe(path, vocab_size, [EOT], num_workers=workers, chunk_bytes=chunk_bytes)
+    got = train_bpe(path, vocab_size, [EOT], num_workers=workers, chunk_bytes=chunk_bytes,
+                    pretokenizer=pretokenizer)
     assert got == reference_train_bpe(text, vocab_size, [EOT])
+
+
+def test_other_patterns_use_regex_and_match_the_reference(tmp_path):
+    from nbbpe import CL100K_PATTERN
+
+    text = (FIXTURES / "tinystories_sample.txt").read_text(encoding="utf-8") + " 12345 I'M DONE\r\n"
+    path = write(tmp_path, text)
+    expected = reference_train_bpe(text, 330, [EOT], pattern=CL100K_PATTERN)
+    assert train_bpe(path, 330, [EOT], pattern=CL100K_PATTERN, num_workers=2, chunk_bytes=300) == expected
+    with pytest.raises(ValueError, match="implements only GPT2_PATTERN"):
+        train_bpe(path, 330, [EOT], pattern=CL100K_PATTERN, pretokenizer="compiled")
+    with pytest.raises(ValueError, match="pretokenizer must be"):
+        train_bpe(path, 330, [EOT], pretokenizer="fast")
 
 
 @settings(max_examples=40)
@@ -142,17 +160,19 @@ def test_ties_of_every_kind_on_small_alphabets(tmp_path_factory, words, extra):
     assert train_bpe(path, 256 + extra, []) == reference_train_bpe(text, 256 + extra)
 
 
-def test_invalid_utf8_strict_names_the_offset_and_replace_reads_fffd(tmp_path):
-    data = b"hello world " * 10 + b"caf\xe9 bar" + b" tail" * 10
+@pytest.mark.parametrize("pretokenizer", ["auto", "regex"])
+def test_invalid_utf8_strict_names_the_offset_and_replace_reads_fffd(tmp_path, pretokenizer):
+    data = b"hello world " * 10 + b"caf\xe9 bar" + b" tail \xf0\x9f\x99<|endoftext|>" * 10
     path = write(tmp_path, data)
-    with pytest.raises(InvalidUTF8Error, match=r"byte offset 123"):
-        train_bpe(path, 300, [EOT])
-    with pytest.raises(InvalidUTF8Error, match=r"byte offset 123"):
-        train_bpe(path, 300, [EOT], num_workers=2, chunk_bytes=16)
+    for workers, chunk_bytes in [(1, 1 << 20), (2, 16)]:
+        with pytest.raises(InvalidUTF8Error, match=r"byte offset 123"):
+            train_bpe(path, 300, [EOT], num_workers=workers, chunk_bytes=chunk_bytes,
+                      pretokenizer=pretokenizer)
     text = data.decode("utf-8", errors="replace")
     expected = reference_train_bpe(text, 300, [EOT])
-    assert train_bpe(path, 300, [EOT], errors="replace") == expected
-    assert train_bpe(path, 300, [EOT], errors="replace", num_workers=2, chunk_bytes=16) == expected
+    for workers, chunk_bytes in [(1, 1 << 20), (2, 16)]:
+        assert train_bpe(path, 300, [EOT], errors="replace", num_workers=workers,
+                         chunk_bytes=chunk_bytes, pretokenizer=pretokenizer) == expected
 
 
 @pytest.mark.parametrize(
@@ -187,13 +207,13 @@ def test_bad_files_give_clear_errors(tmp_path):
 
 
 def test_a_worker_that_dies_is_reported(tmp_path, monkeypatch):
-    # Workers are forked, so they inherit this patch: each dies as soon as it counts a chunk.
+    # Workers are forked, so they inherit this patch: each dies as soon as it reads a chunk.
     import nbbpe.pretokenize
 
-    def die(self, counts, text):
+    def die(path, start, end):
         os._exit(3)
 
-    monkeypatch.setattr(nbbpe.pretokenize.PreTokenizer, "count_into", die)
+    monkeypatch.setattr(nbbpe.pretokenize, "read_range", die)
     path = write(tmp_path, "some words here " * 500)
     with pytest.raises(RuntimeError, match="worker died"):
         train_bpe(path, 300, [], num_workers=2, chunk_bytes=500)
