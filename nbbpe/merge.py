@@ -419,3 +419,8 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
                                        pair_left, pair_right, tok_key, arena, tok_start, tok_len)
 
     return merge_left[:n_merges], merge_right[:n_merges]
+
+
+def load_merge_kernels() -> None:
+    """Compile, or load from Numba's cache, the merge kernels, by running them on a tiny input."""
+    learn_merges(np.zeros(2, np.int32), np.array([0, 2], np.int64), np.ones(1, np.int64), 1)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import threading
 import traceback
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import regex
@@ -177,10 +178,13 @@ def count_pretokens_in_file(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     errors: str = "strict",
     progress: bool = False,
+    meanwhile: Callable[[], object] | None = None,
 ):
     """Count every pre-token of the file, special tokens cut out.
 
     Returns a `PretokenCounts` table (unique pre-tokens as UTF-8 bytes, with counts).
+    `meanwhile`, if given, is called once in a thread of this process while worker processes
+    count (e.g. to load compiled kernels needed next), or after counting when there are none.
     """
     size = check_corpus_path(path)
     counter_args = (pattern, list(special_tokens), errors, pretokenizer)
@@ -199,11 +203,15 @@ def count_pretokens_in_file(
             for start, end in ranges:
                 counter.add(read_range(path, start, end), source=path, offset=start)
                 bar.update(end - start)
+            if meanwhile is not None:
+                meanwhile()
             return counter.result()
-        return _count_in_workers(path, counter_args, ranges, num_workers, bar)
+        # Load the counting kernels here, once, before forking: else each worker loads them.
+        make_pretoken_counter(*counter_args).add(b"warm up")
+        return _count_in_workers(path, counter_args, ranges, num_workers, bar, meanwhile)
 
 
-def _count_in_workers(path, counter_args, ranges, num_workers, bar):
+def _count_in_workers(path, counter_args, ranges, num_workers, bar, meanwhile):
     from .pretokenize_kernels import merge_counts
 
     # fork starts workers at once and shares the imported modules; elsewhere, spawn.
@@ -221,6 +229,10 @@ def _count_in_workers(path, counter_args, ranges, num_workers, bar):
     ]
     for worker in workers:
         worker.start()
+    helper = None
+    if meanwhile is not None:  # started after the forks: a forked thread could hold a lock
+        helper = threading.Thread(target=meanwhile, name="nbbpe-meanwhile", daemon=True)
+        helper.start()
     tables = []
     try:
         while len(tables) < num_workers:
@@ -246,4 +258,6 @@ def _count_in_workers(path, counter_args, ranges, num_workers, bar):
             if worker.is_alive():
                 worker.terminate()
             worker.join()
+        if helper is not None:
+            helper.join()
     return merge_counts(tables)

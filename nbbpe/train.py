@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from .corpus import DEFAULT_CHUNK_BYTES
 from .intern import intern_words
-from .merge import learn_merges
+from .merge import learn_merges, load_merge_kernels
 from .pretokenize import GPT2_PATTERN, count_pretokens_in_file, validate_special_tokens
 
 Vocab = dict[int, bytes]
@@ -66,6 +66,7 @@ def train_bpe(
         chunk_bytes=chunk_bytes,
         errors=errors,
         progress=progress,
+        meanwhile=load_merge_kernels,
     )
     t1 = time.perf_counter()
     words = intern_words(counts)

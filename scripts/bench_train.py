@@ -51,14 +51,14 @@ def _documents(path):
 def run_nbbpe(path, vocab_size, workers):
     t0 = time.perf_counter()
     import nbbpe
-    from nbbpe import merge
+    from nbbpe.merge import load_merge_kernels
+    from nbbpe.pretokenize_kernels import count_gpt2, merge_counts
 
     import_s = time.perf_counter() - t0
     # One-time Numba cost: load the cached machine code (or compile it on a cold cache).
     t0 = time.perf_counter()
-    import numpy as np
-
-    merge.learn_merges(np.zeros(2, np.int32), np.array([0, 2], np.int64), np.ones(1, np.int64), 1)
+    merge_counts([count_gpt2(b"warm up", [EOT])])
+    load_merge_kernels()
     numba_s = time.perf_counter() - t0
     timings = {}
     t0 = time.perf_counter()
