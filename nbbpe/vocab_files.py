@@ -237,7 +237,8 @@ def check_merges(merges, source: str = "merges") -> Merges:
     return out
 
 
-def load_pickle_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> tuple[Vocab, Merges]:
+def load_pickle_files(vocab_path: str | os.PathLike,
+                      merges_path: str | os.PathLike) -> tuple[Vocab, Merges]:
     """Read a pickled `dict[int, bytes]` vocab and `list[tuple[bytes, bytes]]` merges.
 
     Either file may instead hold both, as a `(vocab, merges)` tuple or a dict with keys "vocab"
@@ -254,7 +255,8 @@ def _pick(data, key: str, index: int):
     """The vocab (or merges) from a pickle holding it alone or both together."""
     if isinstance(data, dict) and set(data) == {"vocab", "merges"}:
         return data[key]
-    if isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], dict) and isinstance(data[1], list):
+    if (isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], dict)
+            and isinstance(data[1], list)):
         return data[index]
     return data
 
@@ -269,7 +271,8 @@ def save_pickle_files(vocab: Vocab, merges: Merges, vocab_path: str | os.PathLik
     return os.fspath(vocab_path), os.fspath(merges_path)
 
 
-def load_vocab_and_merges(vocab_path: str | os.PathLike, merges_path: str | os.PathLike) -> tuple[Vocab, Merges]:
+def load_vocab_and_merges(vocab_path: str | os.PathLike,
+                          merges_path: str | os.PathLike) -> tuple[Vocab, Merges]:
     """Read (vocab, merges) from GPT-2 style text files or from pickles, whichever they are."""
     _check_file(vocab_path, "vocab")
     _check_file(merges_path, "merges")

@@ -11,7 +11,8 @@ corpus's `<|endoftext|>` as a special token. Reported, in MB of UTF-8 per second
   all alike), best of `--repeat` passes; `regex.findall` of the GPT-2 pattern alone on the same
   pieces is the yardstick for the pre-tokenization cost;
 - N processes: each tool in a pool of N forked workers (tool built and warmed up before the
-  clock starts), pieces handed out one at a time; wall time until all ids are back;
+  clock starts), pieces handed out one at a time; wall time until all ids are back, and the
+  workers' CPU time in their encode calls (which other load on the machine disturbs less);
 - ids: every tool's ids must equal nbbpe's on every piece (SHA-1 of the int32 ids per piece);
 - `--stream-rss`: in a fresh process, `encode_iterable` over the open file (the whole corpus,
   not pieces): growth of peak RSS over the RSS before it started, and whether the ids equal the
@@ -147,11 +148,13 @@ def _worker_init(name, vocab_path, merges_path, barrier):
 
 
 def _worker_encode(k):
+    c0 = time.process_time()
     ids = _encode(_pieces[k])
-    return k, digest(ids), len(ids)
+    cpu = time.process_time() - c0
+    return k, digest(ids), cpu
 
 
-def run_pool(name: str, vocab_path: str, merges_path: str, processes: int) -> tuple[float, list[str]]:
+def run_pool(name: str, vocab_path: str, merges_path: str, processes: int) -> tuple[float, float, list[str]]:
     context = multiprocessing.get_context("fork")  # the workers inherit the pieces
     barrier = context.Barrier(processes + 1)
     with context.Pool(processes, _worker_init, (name, vocab_path, merges_path, barrier)) as pool:
@@ -164,7 +167,7 @@ def run_pool(name: str, vocab_path: str, merges_path: str, processes: int) -> tu
     digests = [""] * len(_pieces)
     for k, d, _ in results:
         digests[k] = d
-    return seconds, digests
+    return seconds, sum(cpu for _, _, cpu in results), digests
 
 
 # --- streaming memory -------------------------------------------------------------------------
@@ -291,10 +294,11 @@ def main(argv=None) -> int:
 
     print(f"\n{args.processes} processes:")
     for name in names:
-        seconds, pool_digests = run_pool(name, args.vocab, args.merges, args.processes)
+        seconds, cpu_seconds, pool_digests = run_pool(name, args.vocab, args.merges, args.processes)
         same = pool_digests == reference
         label = {"nbbpe": "nbbpe encode (list)", "hf": "HF tokenizers"}.get(name, name)
-        print(f"  {label:24s} {megabytes / seconds:7.2f} MB/s   ids equal to nbbpe: {'yes' if same else 'NO'}")
+        print(f"  {label:24s} {megabytes / seconds:7.2f} MB/s  ({megabytes / cpu_seconds:6.2f} per CPU-second "
+              f"of encoding in the workers)   ids equal to nbbpe: {'yes' if same else 'NO'}")
 
     if args.stream_rss:
         total = hashlib.sha1()
