@@ -14,8 +14,10 @@ Data structures, all flat arrays inside one compiled function:
   each word at most once; a listed word may since have lost the pair, which merging finds
   harmlessly;
 - a binary max-heap over (count, left bytes, right bytes), the order of Python's
-  `max((count, (left_bytes, right_bytes)))`. Counts only ever fall for pairs already in the heap,
-  so entries are updated lazily: a popped entry whose count is stale goes back with its count;
+  `max((count, (left_bytes, right_bytes)))`. A pair's count never rises after the step that
+  creates it, so entries are updated lazily (a popped entry whose count is stale goes back with
+  its count), and new pairs counted below a threshold wait outside the heap until the heap's
+  best falls below it: most never enter it at all;
 - a byte arena holding each token's bytes, for the tie-break.
 
 Each step merges every occurrence of the best pair, left to right, in only the words on its list,
@@ -288,24 +290,56 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
         heap_size = _heap_push(heap, heap_size, p, pair_count[p],
                                pair_left, pair_right, tok_key, arena, tok_start, tok_len)
 
+    # New pairs counted below `threshold` wait in `deferred` instead of the heap: counts never
+    # rise, so such a pair cannot be chosen before the heap's best falls below the threshold,
+    # and most never are. Invariant: every pair with count >= threshold is in the heap.
+    threshold = 0
+    deferred = np.empty(pair_cap, dtype=np.int64)
+    n_deferred = 0
+
     merge_left = np.empty(num_merges, dtype=np.int32)
     merge_right = np.empty(num_merges, dtype=np.int32)
     n_merges = 0
     while n_merges < num_merges:
-        # Pop until the top entry's count is current (lazy deletion).
+        # Pop until the top entry's count is current (lazy deletion) and not below the
+        # threshold; else lower the threshold and bring in the deferred pairs that reach it.
         best = -1
-        while heap_size > 0:
-            p, snapshot = heap[0, _PAIR], heap[0, _COUNT]
-            heap_size = _heap_pop(heap, heap_size, pair_left, pair_right, arena, tok_start, tok_len)
-            current = pair_count[p]
-            if current == snapshot:
-                best = p
+        while True:
+            if heap_size == 0 and n_deferred == 0:
                 break
-            if current > 0:
-                heap_size = _heap_push(heap, heap_size, p, current,
-                                       pair_left, pair_right, tok_key, arena, tok_start, tok_len)
+            if heap_size > 0:
+                p, snapshot = heap[0, _PAIR], heap[0, _COUNT]
+                current = pair_count[p]
+                if current != snapshot or current == 0:
+                    heap_size = _heap_pop(heap, heap_size, pair_left, pair_right,
+                                          arena, tok_start, tok_len)
+                    if current > 0:
+                        heap_size = _heap_push(heap, heap_size, p, current, pair_left,
+                                               pair_right, tok_key, arena, tok_start, tok_len)
+                    continue
+                if current >= threshold:
+                    heap_size = _heap_pop(heap, heap_size, pair_left, pair_right,
+                                          arena, tok_start, tok_len)
+                    best = p
+                    break
+                threshold = current // 2
+            else:
+                threshold = 0
+            if heap_size + n_deferred > heap.shape[0]:
+                heap = _grow_rows(heap, heap_size + n_deferred)
+            kept = 0
+            for k in range(n_deferred):
+                q = deferred[k]
+                if pair_count[q] > 0 and pair_count[q] >= threshold:
+                    heap_size = _heap_push(heap, heap_size, q, pair_count[q], pair_left,
+                                           pair_right, tok_key, arena, tok_start, tok_len)
+                elif pair_count[q] > 0:
+                    deferred[kept] = q
+                    kept += 1
+            n_deferred = kept
         if best < 0:
             break  # no pair left anywhere
+        threshold = max(threshold, pair_count[best] // 2)
 
         a = pair_left[best]
         b = pair_right[best]
@@ -413,10 +447,15 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
         n_listed = _file_word_lists(entry_pair, entry_word, n_entries, first_new_pair, n_pairs,
                                     list_words, n_listed, list_start, list_end, scratch)
         # Every pair holding the new token was created in this step.
+        if n_deferred + most_new_pairs > deferred.shape[0]:
+            deferred = _grow(deferred, n_deferred + most_new_pairs)
         for p in range(first_new_pair, n_pairs):
-            if pair_count[p] > 0:
+            if pair_count[p] > 0 and pair_count[p] >= threshold:
                 heap_size = _heap_push(heap, heap_size, p, pair_count[p],
                                        pair_left, pair_right, tok_key, arena, tok_start, tok_len)
+            elif pair_count[p] > 0:
+                deferred[n_deferred] = p
+                n_deferred += 1
 
     return merge_left[:n_merges], merge_right[:n_merges]
 
