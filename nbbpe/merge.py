@@ -215,12 +215,19 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
     Token ids 0-255 are bytes; merge k creates id 256 + k. Stops early when no pair is left.
     """
     n_words = offsets.shape[0] - 1
-    # Per word: (start, current length, count), in one row so a visit touches one cache line.
-    words = np.empty((n_words, 3), dtype=np.int64)
+    # Per word, in one row so a visit touches one cache line: start, current length, count, and
+    # a 64-bit filter with bit (t & 63) set for each token t in the word. Nearly half the words on
+    # a pair's list have lost the pair by the time it merges; the filter skips most of them
+    # without reading their tokens.
+    words = np.empty((n_words, 4), dtype=np.int64)
     for w in range(n_words):
         words[w, 0] = offsets[w]
         words[w, 1] = offsets[w + 1] - offsets[w]
         words[w, 2] = word_counts[w]
+        bits = 0
+        for i in range(offsets[w], offsets[w + 1]):
+            bits |= np.int64(1) << (tokens[i] & 63)
+        words[w, 3] = bits
 
     # Token bytes, for the tie-break.
     n_ids = 256 + num_merges
@@ -388,13 +395,17 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
         first_new_pair = n_pairs
         n_entries = 0
 
+        need_bits = (np.int64(1) << (a & 63)) | (np.int64(1) << (b & 63))
         for k in range(list_start[best], list_end[best]):
             w = list_words[k]
+            if words[w, 3] & need_bits != need_bits:
+                continue  # a or b is gone from this word
             begin = words[w, 0]
             end = begin + words[w, 1]
             c = words[w, 2]
             i = begin
             j = begin  # write position: the word is rewritten in place
+            bits = 0
             while i < end:
                 if i + 1 < end and tokens[i] == a and tokens[i + 1] == b:
                     pair_count[best] -= c
@@ -441,8 +452,10 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
                 else:
                     tokens[j] = tokens[i]
                     i += 1
+                bits |= np.int64(1) << (tokens[j] & 63)
                 j += 1
             words[w, 1] = j - begin
+            words[w, 3] = bits
 
         n_listed = _file_word_lists(entry_pair, entry_word, n_entries, first_new_pair, n_pairs,
                                     list_words, n_listed, list_start, list_end, scratch)
