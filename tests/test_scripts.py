@@ -1,0 +1,180 @@
+"""The scripts in scripts/: training reports, the tokenizer experiments, and fetching data from a
+local HTTP server (never the internet)."""
+
+import gzip
+import http.server
+import importlib.util
+import json
+import os
+import threading
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nbbpe import Tokenizer, open_token_file, train_bpe
+from nbbpe.cli import sample_corpus_path
+
+ROOT = Path(__file__).parent.parent
+FIXTURES = Path(__file__).parent / "fixtures"
+EOT = "<|endoftext|>"
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- training scripts -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, dataset", [("train_tinystories", "TinyStories"), ("train_owt", "OpenWebText")])
+def test_training_scripts_report_and_save_the_tokenizer(tmp_path, capsys, name, dataset):
+    script = load_script(name)
+    out = tmp_path / "tok"
+    assert script.main(["--corpus", "sample", "--vocab-size", "300", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    for line in ("wall time", "peak memory", "longest token"):
+        assert line in printed
+    tokenizer = Tokenizer.load(out)
+    assert tokenizer.n_vocab == 300 and tokenizer.special_tokens == [EOT]
+    report = json.loads((out / "train_report.json").read_text(encoding="utf-8"))
+    assert report["dataset"] == dataset and report["vocab_size"] == 300
+    assert report["peak_pss"] > 0 and report["wall_seconds"] > 0
+    longest = max((a + b for a, b in tokenizer.merges), key=len)
+    assert report["longest_token_bytes"] == len(longest)
+
+
+def test_training_script_without_its_dataset_says_how_to_get_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_script("train_owt").main(["--quiet"]) == 2
+    assert "data/owt_train.txt not found: download OpenWebText with scripts/fetch_data.py" in \
+        capsys.readouterr().err
+
+
+# --- tokenizer experiments --------------------------------------------------------------------
+
+
+def test_tokenizer_experiments_on_small_stand_ins(tmp_path, capsys):
+    sample = Path(sample_corpus_path()).read_text(encoding="utf-8")
+    files = {"ts_train": sample[:200_000], "ts_valid": sample[200_000:260_000],
+             "owt_train": (FIXTURES / "web_sample.txt").read_text(encoding="utf-8"),
+             "owt_valid": (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:30_000]}
+    for name, text in files.items():
+        (tmp_path / f"{name}.txt").write_text(text, encoding="utf-8")
+    for name, corpus in [("ts", "ts_train"), ("owt", "owt_train")]:
+        vocab, merges = train_bpe(tmp_path / f"{corpus}.txt", 320, [EOT], num_workers=1)
+        Tokenizer(vocab, merges, [EOT]).save(tmp_path / f"{name}_tok")
+    out = tmp_path / "tokens"
+    argv = ["--tinystories-tokenizer", str(tmp_path / "ts_tok"), "--owt-tokenizer", str(tmp_path / "owt_tok"),
+            "--tinystories-train", str(tmp_path / "ts_train.txt"),
+            "--tinystories-valid", str(tmp_path / "ts_valid.txt"),
+            "--owt-train", str(tmp_path / "owt_train.txt"), "--owt-valid", str(tmp_path / "owt_valid.txt"),
+            "--docs", "4", "--throughput-mb", "0.05", "--workers", "2", "--out", str(out), "--quiet"]
+    assert load_script("tokenizer_experiments").main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "hours" in printed and "825 GB" in printed
+    report = json.loads((out / "experiments.json").read_text())
+
+    ts_tok, owt_tok = Tokenizer.load(tmp_path / "ts_tok"), Tokenizer.load(tmp_path / "owt_tok")
+    docs = load_script("tokenizer_experiments").sample_documents(str(tmp_path / "owt_train.txt"), 4, 0)
+    assert len(docs) == 4 and all(EOT not in text and text == text.strip() for _, text in docs)
+    assert report["docs"]["owt"]["offsets"] == [offset for offset, _ in docs]
+    cross = report["compression"]["tinystories tokenizer on owt"]
+    assert cross["bytes"] == sum(len(t.encode()) for _, t in docs)
+    assert cross["tokens"] == sum(len(ts_tok.encode(t)) for _, t in docs)
+    assert set(report["compression"]) == {f"{a} tokenizer on {b}" for a in ("tinystories", "owt")
+                                          for b in ("tinystories", "owt")}
+    assert set(report["throughput"]) == {"tinystories", "owt"}
+    for key, tokenizer, source in [("tinystories_train", ts_tok, "ts_train"),
+                                   ("tinystories_valid", ts_tok, "ts_valid"),
+                                   ("owt_train", owt_tok, "owt_train"), ("owt_valid", owt_tok, "owt_valid")]:
+        ids = open_token_file(out / f"{key}.bin")
+        assert ids.dtype == np.uint16 and report["encoded"][key]["tokens"] == len(ids)
+        assert ids.tolist() == tokenizer.encode(files[source])
+
+
+def test_sampled_documents_are_whole_distinct_and_seeded(tmp_path):
+    docs = [f"document number {i} " * (1 + i % 7) for i in range(40)]
+    path = tmp_path / "docs.txt"
+    path.write_text("".join(f"{d}\n{EOT}\n" for d in docs), encoding="utf-8")
+    sample = load_script("tokenizer_experiments").sample_documents
+    picked = sample(str(path), 10, seed=3)
+    assert len(picked) == 10 and len({o for o, _ in picked}) == 10
+    assert all(text in {d.strip() for d in docs} for _, text in picked)
+    assert picked == sample(str(path), 10, seed=3) != sample(str(path), 10, seed=4)
+    assert len(sample(str(path), 100, seed=0)) == 40  # no more than there are
+
+
+# --- fetching data ----------------------------------------------------------------------------
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep the test output clean
+        pass
+
+    def do_GET(self):
+        if self.path.endswith("cut.txt"):  # announces more than it sends, then hangs up
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b"only a little")
+            self.close_connection = True
+            return
+        super().do_GET()
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A local HTTP server whose files sit at the datasets' URL paths."""
+    root = tmp_path / "www"
+    texts = {}
+    fetch = load_script("fetch_data")
+    for urls in fetch.DATASETS.values():
+        for url in urls:
+            path = root / url.split("://", 1)[1].split("/", 1)[1]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            text = f"stories from {path.name}\n{EOT}\n" * 100
+            if path.name.endswith(".gz"):
+                path.write_bytes(gzip.compress(text.encode()))
+                texts[path.name[:-3]] = text
+            else:
+                path.write_text(text, encoding="utf-8")
+                texts[path.name] = text
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_Handler, directory=str(root)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", texts, fetch
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_fetch_data_downloads_and_unpacks_every_dataset_from_a_mirror(server, tmp_path, capsys):
+    base, texts, fetch = server
+    dest = tmp_path / "data"
+    assert fetch.main(["--dest", str(dest), "--mirror", base, "--quiet"]) == 0
+    assert sorted(os.listdir(dest)) == sorted(texts) == [
+        "TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt", "owt_train.txt", "owt_valid.txt"]
+    for name, text in texts.items():
+        assert (dest / name).read_text(encoding="utf-8") == text
+    capsys.readouterr()
+    assert fetch.main(["owt", "--dest", str(dest), "--mirror", base, "--quiet"]) == 0
+    assert capsys.readouterr().out.count("already there") == 2
+
+
+def test_fetch_data_failures_name_the_url_and_leave_no_file(server, tmp_path, capsys, monkeypatch):
+    base, _, fetch = server
+    dest = tmp_path / "data"
+    monkeypatch.setitem(fetch.DATASETS, "tinystories", ["https://example.org/missing/file.txt"])
+    assert fetch.main(["tinystories", "--dest", str(dest), "--mirror", base, "--quiet"]) == 2
+    assert f"{base}/missing/file.txt: HTTP 404" in capsys.readouterr().err
+    monkeypatch.setitem(fetch.DATASETS, "tinystories", ["https://example.org/cut.txt"])
+    assert fetch.main(["tinystories", "--dest", str(dest), "--mirror", base, "--quiet"]) == 2
+    assert f"{base}/cut.txt: " in capsys.readouterr().err
+    assert os.listdir(dest) == []
+    with pytest.raises(SystemExit):
+        fetch.main(["wikipedia", "--dest", str(dest)])
+    assert "unknown dataset 'wikipedia'" in capsys.readouterr().err
