@@ -130,15 +130,23 @@ class RegexPretokenCounter:
         )
 
 
-def make_pretoken_counter(pattern: str, special_tokens: Sequence[str], errors: str,
-                          pretokenizer: str = "auto"):
-    """A counter for `pattern`: the compiled one for GPT-2's pattern ("auto"), else `regex`."""
+def uses_compiled_pretokenizer(pattern: str, pretokenizer: str = "auto") -> bool:
+    """Whether `pretokenizer` ("auto", "compiled" or "regex") means the compiled scanner here.
+
+    The compiled scanner implements GPT-2's pattern only; "auto" takes it for that pattern.
+    """
     if pretokenizer not in PRETOKENIZERS:
         raise ValueError(f"pretokenizer must be one of {PRETOKENIZERS}, got {pretokenizer!r}")
     if pretokenizer == "compiled" and pattern != GPT2_PATTERN:
         raise ValueError("the compiled pre-tokenizer implements only GPT2_PATTERN; "
                          "use pretokenizer='regex' (or 'auto') for other patterns")
-    if pretokenizer != "regex" and pattern == GPT2_PATTERN:
+    return pretokenizer != "regex" and pattern == GPT2_PATTERN
+
+
+def make_pretoken_counter(pattern: str, special_tokens: Sequence[str], errors: str,
+                          pretokenizer: str = "auto"):
+    """A counter for `pattern`: the compiled one for GPT-2's pattern ("auto"), else `regex`."""
+    if uses_compiled_pretokenizer(pattern, pretokenizer):
         from .pretokenize_kernels import PretokenCounter
 
         return PretokenCounter(special_tokens, errors)

@@ -26,7 +26,13 @@ from .encode import (
     gather_token_bytes,
     new_cache,
 )
-from .pretokenize import GPT2_PATTERN, special_token_regex, validate_special_tokens
+from .pretokenize import (
+    GPT2_PATTERN,
+    special_token_regex,
+    uses_compiled_pretokenizer,
+    validate_special_tokens,
+)
+from .pretokenize_kernels import SpecialTokenSplitter, scan_gpt2
 from .vocab_files import (
     Merges,
     Vocab,
@@ -70,7 +76,9 @@ class Tokenizer:
     change the ids; for patterns other than GPT-2's and cl100k's this assumes a pre-token always
     ends between a letter or digit and a following whitespace character.
 
-    Options: `pattern`, the pre-tokenization regex (GPT-2's by default); `cache_size`, how many
+    Options: `pattern`, the pre-tokenization regex (GPT-2's by default); `pretokenizer`, "auto"
+    (the compiled scanner for GPT-2's pattern, `regex` for any other) or "regex" (the reference
+    path, for any pattern); `cache_size`, how many
     encoded pre-tokens to remember (0: none); `block_chars`, how much text goes to the kernel at
     once (it bounds the temporary memory; the ids do not depend on it).
     """
@@ -82,6 +90,7 @@ class Tokenizer:
         special_tokens: Iterable[str] | None = None,
         *,
         pattern: str = GPT2_PATTERN,
+        pretokenizer: str = "auto",
         cache_size: int = 1 << 17,
         block_chars: int = BLOCK_CHARS,
     ):
@@ -151,6 +160,11 @@ class Tokenizer:
 
         self._findall = compiled.findall
         self._cut = _GPT2_CUT if pattern == GPT2_PATTERN else _OTHER_CUT
+        # The compiled scanner (pretokenize_kernels) does GPT-2's pattern; regex does any other.
+        self._compiled = uses_compiled_pretokenizer(pattern, pretokenizer)
+        if self._compiled:
+            self._splitter = SpecialTokenSplitter(specials)
+            self._special_id_array = np.array([self._special_ids[t] for t in specials], np.int32)
         if specials:
             self._special_split = regex.compile(f"({special_token_regex(specials).pattern})").split
             self._special_finditer = special_token_regex(specials).finditer
@@ -319,6 +333,8 @@ class Tokenizer:
     def _pretokenize(self, text: str):
         """Step 1: text -> (UTF-8 bytes, int64 offsets of the pieces, indices of the pieces that
         are special tokens, their ids)."""
+        if self._compiled:
+            return self._pretokenize_compiled(text)
         findall = self._findall
         if self._special_split is None:
             pieces = findall(text)
@@ -350,6 +366,28 @@ class Tokenizer:
             np.cumsum(char_lengths, out=offsets[1:], dtype=np.int64)
         else:
             offsets = char_to_byte_offsets(data, char_lengths)
+        return data, offsets, special_slots, special_ids
+
+    def _pretokenize_compiled(self, text: str):
+        """`_pretokenize` with the compiled GPT-2 scanner: the same pieces, found in the bytes.
+
+        Pre-tokens tile the stretches between special tokens, so the pieces are the pre-tokens
+        with each special token's occurrence inserted in its place.
+        """
+        data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        seg_starts, seg_ends, which = self._splitter.split(data)
+        starts, _ = scan_gpt2(data, (seg_starts, seg_ends))
+        special_starts = seg_ends[:-1]
+        if len(special_starts):
+            at = np.searchsorted(starts, special_starts)
+            special_slots = at + np.arange(len(at), dtype=np.int64)
+            starts = np.insert(starts, at, special_starts)
+            special_ids = self._special_id_array[which]
+        else:
+            special_slots, special_ids = _NO_SLOTS, _NO_IDS
+        offsets = np.empty(len(starts) + 1, dtype=np.int64)
+        offsets[:-1] = starts
+        offsets[-1] = len(data)
         return data, offsets, special_slots, special_ids
 
     def _safe_cut(self, text: str) -> int:

@@ -446,3 +446,45 @@ def test_from_files_missing_paths(tmp_path):
         Tokenizer.from_files(FIXTURES / "gpt2_vocab.json", tmp_path / "nope.txt")
     with pytest.raises(FileNotFoundError, match="not a saved Tokenizer"):
         Tokenizer.load(tmp_path)
+
+
+# --- the compiled pre-tokenizer against the regex path -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt2_regex(gpt2_files):
+    return Tokenizer(*gpt2_files, [EOT], pretokenizer="regex")
+
+
+def test_the_default_for_gpt2_is_the_compiled_scanner(gpt2, gpt2_regex):
+    assert gpt2._compiled and not gpt2_regex._compiled
+
+
+@pytest.mark.parametrize("name", FIXTURE_TEXTS)
+def test_compiled_and_regex_pretokenizers_give_the_same_ids_on_fixtures(gpt2, gpt2_regex, name):
+    text = read(name)
+    assert gpt2.encode(text) == gpt2_regex.encode(text)
+
+
+@given(texts)
+@settings(max_examples=200)
+def test_compiled_and_regex_pretokenizers_give_the_same_ids(gpt2, gpt2_regex, text):
+    assert gpt2.encode(text) == gpt2_regex.encode(text)
+
+
+@pytest.mark.parametrize("pretokenizer", ["auto", "regex"])
+def test_nested_special_tokens_on_both_paths(gpt2_files, pretokenizer):
+    double = EOT + EOT
+    tok = Tokenizer(*gpt2_files, [EOT, double], pretokenizer=pretokenizer)
+    ids = tok.encode(f"a{EOT}{EOT}{EOT}b {EOT}")
+    assert ids.count(tok.encode(double)[0]) == 1 and ids.count(50256) == 2
+    assert tok.decode(ids) == f"a{EOT}{EOT}{EOT}b {EOT}"
+
+
+def test_compiled_pretokenizer_only_for_gpt2(gpt2_files):
+    from nbbpe import CL100K_PATTERN
+
+    with pytest.raises(ValueError, match="implements only GPT2_PATTERN"):
+        Tokenizer(*gpt2_files, pattern=CL100K_PATTERN, pretokenizer="compiled")
+    with pytest.raises(ValueError, match="pretokenizer must be"):
+        Tokenizer(*gpt2_files, pretokenizer="fastest")
