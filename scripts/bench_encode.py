@@ -3,7 +3,8 @@
     python scripts/bench_encode.py /work/shared/corpora/web_5M.txt
     python scripts/bench_encode.py /work/shared/corpora/web_100M.txt --repeat 1
 
-All tools encode the same pieces of the corpus (cut right after a special token, or failing
+Tools: nbbpe (compiled pre-tokenizer), nbbpe_regex (nbbpe with the `regex` pre-tokenizer),
+tiktoken, gigatoken, hf. All tools encode the same pieces of the corpus (cut right after a special token, or failing
 that between a non-space and a space, so the pieces encode as the whole text does), with the
 corpus's `<|endoftext|>` as a special token. Reported, in MB of UTF-8 per second:
 
@@ -42,7 +43,7 @@ import regex  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 EOT = "<|endoftext|>"
-TOOLS = ("nbbpe", "tiktoken", "hf")
+TOOLS = ("nbbpe", "nbbpe_regex", "tiktoken", "gigatoken", "hf")
 
 
 def build_tool(name: str, vocab_path: str, merges_path: str):
@@ -52,6 +53,22 @@ def build_tool(name: str, vocab_path: str, merges_path: str):
 
         tokenizer = Tokenizer.from_files(vocab_path, merges_path, [EOT])
         return tokenizer.encode
+    if name == "nbbpe_regex":  # the reference pre-tokenizer (regex) instead of the compiled one
+        from nbbpe import Tokenizer
+
+        tokenizer = Tokenizer.from_files(vocab_path, merges_path, [EOT], pretokenizer="regex")
+        return tokenizer.encode
+    if name == "gigatoken":  # from the same files, exported by nbbpe as a tokenizer.json
+        import tempfile
+
+        import gigatoken
+
+        from nbbpe import Tokenizer
+
+        json_path = os.path.join(tempfile.mkdtemp(prefix="nbbpe-bench-"), "tokenizer.json")
+        Tokenizer.from_files(vocab_path, merges_path, [EOT]).save_tokenizer_json(json_path)
+        encoder = gigatoken.Tokenizer(json_path)
+        return lambda text: encoder.encode(text).tolist()
     if name == "nbbpe_numpy":
         from nbbpe import Tokenizer
 
