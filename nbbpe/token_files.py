@@ -22,6 +22,7 @@ How `encode_file` works, and why:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import hashlib
 import json
@@ -29,6 +30,7 @@ import os
 import time
 
 import numpy as np
+import psutil
 from tqdm import tqdm
 
 from .corpus import (
@@ -121,13 +123,46 @@ def token_dtype(tokenizer: Tokenizer, dtype=None) -> np.dtype:
 
 def _chunk_encoder(tokenizer: Tokenizer, path: str, dtype: np.dtype, errors: str):
     """The work on one chunk (a worker's handler): read the byte range, decode it, encode it."""
+    trim_heap = _HeapTrimmer()
 
     def encode_chunk(byte_range: tuple[int, int]) -> np.ndarray:
         start, end = byte_range
         text = decode_utf8(read_range(path, start, end), errors, source=path, offset=start)
-        return tokenizer.encode_to_numpy(text, dtype=dtype)
+        ids = tokenizer.encode_to_numpy(text, dtype=dtype)
+        del text
+        trim_heap()
+        return ids
 
     return encode_chunk
+
+
+class _HeapTrimmer:
+    """Gives freed memory back to the OS once this process's RSS has grown by `slack` bytes.
+
+    Each chunk allocates and frees buffers of a few MB (bytes, text, arrays) whose sizes vary;
+    glibc's malloc keeps them in its heap, which fragments, and RSS creeps up with the input
+    size (about 80 MB over 400 MB of text). `malloc_trim` hands the free pages back; calling it
+    only after such growth keeps its cost (faulting the pages in again) small. A no-op where
+    there is no glibc.
+    """
+
+    def __init__(self, slack: int = 32 << 20):
+        self._trim = _malloc_trim()
+        self._process = psutil.Process()
+        self._slack = slack
+        self._limit = self._process.memory_info().rss + slack
+
+    def __call__(self) -> None:
+        if self._trim is not None and self._process.memory_info().rss > self._limit:
+            self._trim(0)
+            self._limit = self._process.memory_info().rss + self._slack
+
+
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
 
 
 class _GrowingTokenWriter:
