@@ -34,6 +34,13 @@ def sample_corpus_path() -> str:
 # --- measuring ----------------------------------------------------------------------------------
 
 
+# Sampling holds this lock, and forking waits for it: a worker is never forked while the sampler
+# thread is inside psutil (holding a lock the child would inherit locked).
+_SAMPLING = threading.Lock()
+os.register_at_fork(before=_SAMPLING.acquire, after_in_parent=_SAMPLING.release,
+                    after_in_child=_SAMPLING.release)
+
+
 class PeakMemory:
     """Peak memory of this process and its children while in the `with` block.
 
@@ -51,15 +58,16 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._watch, name="nbbpe-peak-memory", daemon=True)
 
     def _sample(self) -> None:
-        me = psutil.Process()
         pss = rss = 0
-        for proc in [me, *me.children(recursive=True)]:
-            try:
-                info = proc.memory_full_info()
-            except (psutil.Error, OSError):
-                continue  # ended meanwhile
-            pss += getattr(info, "pss", info.rss)
-            rss += info.rss
+        with _SAMPLING:
+            me = psutil.Process()
+            for proc in [me, *me.children(recursive=True)]:
+                try:
+                    info = proc.memory_full_info()
+                except (psutil.Error, OSError):
+                    continue  # ended meanwhile
+                pss += getattr(info, "pss", info.rss)
+                rss += info.rss
         self.peak_pss = max(self.peak_pss, pss)
         self.peak_rss = max(self.peak_rss, rss)
 
