@@ -44,6 +44,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 EOT = "<|endoftext|>"
 TOOLS = ("nbbpe", "nbbpe_regex", "tiktoken", "gigatoken", "hf")
+# The package each tool needs; tiktoken, gigatoken and tokenizers are optional peers.
+TOOL_MODULES = dict(nbbpe="nbbpe", nbbpe_regex="nbbpe", nbbpe_numpy="nbbpe", tiktoken="tiktoken",
+                    gigatoken="gigatoken", hf="tokenizers", findall="regex")
+
+
+def tool_available(name: str) -> bool:
+    """Whether the tool's package can be imported here (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec(TOOL_MODULES[name]) is not None
 
 
 def build_tool(name: str, vocab_path: str, merges_path: str):
@@ -246,6 +256,47 @@ def stream_check(path, vocab_path, merges_path, expected_digest, expected_count)
           f"{float(before):.1f} MB before streaming -> growth {float(growth):.1f} MB; "
           f"{size / float(seconds):.2f} MB/s; {int(count):,} ids, equal to the pieces' ids: "
           f"{'yes' if same else 'NO'}")
+
+
+# --- as a function (for the notebooks) ------------------------------------------------------
+
+
+def measure_encoding(corpus: str, tools=TOOLS, *, vocab_path: str | None = None,
+                     merges_path: str | None = None, limit_mb: float | None = None,
+                     piece_kb: int = 256, processes: int = 2, repeat: int = 3) -> dict:
+    """What `main` prints, as a dict: MB/s of each tool on the corpus's pieces in one process
+    (best of `repeat` interleaved passes; by wall and by CPU time) and in a pool of `processes`,
+    `regex.findall` alone as the yardstick, and whether each tool's ids equal nbbpe's.
+
+    nbbpe is always measured (it is the reference for the ids); tools are built and warmed up
+    before any clock starts. Default vocab: the GPT-2 files in tests/fixtures.
+    """
+    global _pieces
+    vocab_path = vocab_path or os.path.join(FIXTURES, "gpt2_vocab.json")
+    merges_path = merges_path or os.path.join(FIXTURES, "gpt2_merges.txt")
+    with open(corpus, encoding="utf-8") as f:
+        text = f.read() if limit_mb is None else f.read(int(limit_mb * 1e6))
+    _pieces = cut_pieces(text, piece_kb * 1024)
+    del text
+    megabytes = sum(len(p.encode("utf-8")) for p in _pieces) / 1e6
+    names = ["nbbpe"] + [n for n in tools if n != "nbbpe"]
+    built = {}
+    for name in ["findall"] + names:
+        built[name] = build_tool(name, vocab_path, merges_path)
+        built[name]("warm up: compile or load the kernels " + EOT)
+    wall, cpu, digests = run_single(built, _pieces, repeat)
+    reference = digests["nbbpe"]
+    single = {name: {"mb_s": megabytes / wall[name], "cpu_mb_s": megabytes / cpu[name],
+                     "ids_equal": digests[name] == reference} for name in names}
+    pool = {}
+    for name in names:
+        seconds, cpu_seconds, pool_digests = run_pool(name, vocab_path, merges_path, processes)
+        pool[name] = {"mb_s": megabytes / seconds, "cpu_mb_s": megabytes / cpu_seconds,
+                      "ids_equal": pool_digests == reference}
+    return {"corpus": os.path.basename(corpus), "megabytes": megabytes, "pieces": len(_pieces),
+            "processes": processes, "repeat": repeat,
+            "findall": {"mb_s": megabytes / wall["findall"], "cpu_mb_s": megabytes / cpu["findall"]},
+            "single": single, "pool": pool}
 
 
 # --- main -----------------------------------------------------------------------------------

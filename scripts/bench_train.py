@@ -18,8 +18,10 @@ and `python` give the CS336 merges, so only their times are compared.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -29,6 +31,48 @@ import psutil
 HERE = os.path.dirname(os.path.abspath(__file__))
 EOT = "<|endoftext|>"
 DEFAULT_TOOLS = "nbbpe,rustbpe,hf,gigatoken"
+# The package each tool needs; the peers are optional (the `bench` extra).
+TOOL_MODULES = dict(nbbpe="nbbpe", rustbpe="rustbpe", hf="tokenizers", gigatoken="gigatoken",
+                    python="regex")
+
+
+def tool_available(tool: str) -> bool:
+    """Whether the tool's package can be imported here (without importing it)."""
+    return importlib.util.find_spec(TOOL_MODULES[tool]) is not None
+
+
+def corpus_of_size(source: str, size: int, directory: str) -> str:
+    """A corpus of about `size` bytes made from the file `source`, written into `directory`.
+
+    Smaller than `source`: its beginning, cut right after the last `<|endoftext|>` line that
+    fits (or a newline, if there is none), so no document is cut in half. Larger: whole copies
+    of `source` one after another, then such a beginning. Copies repeat the words, so they
+    scale the counts and the work, not the vocabulary: fine for timing, not for the merges.
+    """
+    source_size = os.path.getsize(source)
+    stem = os.path.splitext(os.path.basename(source))[0]
+    path = os.path.join(directory, f"{stem}_{size / 1e6:g}MB.txt")
+    copies, rest = divmod(size, source_size)
+    with open(source, "rb") as src:
+        tail = src.read(rest)
+        if rest and len(tail) == rest:
+            end = tail.rfind(EOT.encode() + b"\n")
+            end = end + len(EOT) + 1 if end >= 0 else tail.rfind(b"\n") + 1
+            tail = tail[:end] if end > 0 else b""
+        with open(path, "wb") as out:
+            for _ in range(copies):
+                src.seek(0)
+                shutil.copyfileobj(src, out, 1 << 24)
+                if not _ends_with_document_end(source):
+                    out.write(("\n" + EOT + "\n").encode())  # copies stay separate documents
+            out.write(tail)
+    return path
+
+
+def _ends_with_document_end(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - len(EOT) - 1))
+        return f.read().endswith(EOT.encode() + b"\n")
 
 
 # --- one tool, in a child process ---------------------------------------------------------------
@@ -134,10 +178,13 @@ def tree_memory(proc: psutil.Process) -> int:
     return total
 
 
-def measure(tool, path, vocab_size, workers, timeout):
+def measure(tool, path, vocab_size, workers, timeout, extra_env=None):
+    """Train with `tool` in a fresh process; `extra_env` adds to its environment (e.g.
+    NUMBA_CACHE_DIR set to an empty directory, to measure nbbpe's compile time on a cold cache)."""
     cmd = [sys.executable, __file__, "--child", tool, path, "--vocab-size", str(vocab_size),
            "--workers", str(workers)]
-    env = dict(os.environ, RAYON_NUM_THREADS=str(workers), TOKENIZERS_PARALLELISM="true")
+    env = dict(os.environ, RAYON_NUM_THREADS=str(workers), TOKENIZERS_PARALLELISM="true",
+               **(extra_env or {}))
     start = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     watched = psutil.Process(child.pid)

@@ -95,6 +95,43 @@ def throughput(tokenizer: Tokenizer, path: str, max_bytes: int) -> dict:
             "pile_hours": PILE_BYTES / rate / 3600}
 
 
+def learned_tokens(tokenizer: Tokenizer) -> list[bytes]:
+    """The tokens the merges made, in order of creation (not the bytes or special tokens)."""
+    return [a + b for a, b in tokenizer.merges]
+
+
+def longest_tokens(tokenizer: Tokenizer, n: int = 10) -> list[bytes]:
+    """The `n` longest learned tokens, longest first (earlier merges first among equals)."""
+    return sorted(learned_tokens(tokenizer), key=len, reverse=True)[:n]
+
+
+def token_lengths(tokenizer: Tokenizer, docs: list[tuple[int, str]] | None = None) -> list[int]:
+    """Byte lengths of the learned tokens in order of creation; given `docs`, of every token
+    of their encoding instead (what the text is actually cut into)."""
+    if docs is None:
+        return [len(token) for token in learned_tokens(tokenizer)]
+    length_by_id = {i: len(token) for i, token in tokenizer.vocab.items()}
+    return [length_by_id[i] for _, text in docs for i in tokenizer.encode(text)]
+
+
+def compression_by_vocab_size(tokenizer: Tokenizer, docs: list[tuple[int, str]],
+                              vocab_sizes: list[int]) -> list[dict]:
+    """Compression ratio on `docs` of the tokenizer cut down to each of `vocab_sizes`: the bytes,
+    the special tokens and the first merges. Training is greedy, so that is the tokenizer that
+    training with the smaller vocab size gives (and one training draws the whole curve)."""
+    specials = tokenizer.special_tokens
+    smallest = 256 + len(specials)
+    rows = []
+    for size in vocab_sizes:
+        k = min(max(size - smallest, 0), len(tokenizer.merges))
+        vocab = {i: bytes([i]) for i in range(256)}
+        for a, b in tokenizer.merges[:k]:
+            vocab[len(vocab)] = a + b  # the specials are appended after these: ids do not matter here
+        cut = Tokenizer(vocab, tokenizer.merges[:k], specials, pattern=tokenizer.pattern)
+        rows.append({"vocab_size": smallest + k, **compression(cut, docs)})
+    return rows
+
+
 def load(directory: str, what: str) -> Tokenizer | None:
     if os.path.exists(os.path.join(directory, "nbbpe.json")):
         return Tokenizer.load(directory)
