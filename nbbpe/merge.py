@@ -258,7 +258,7 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
 
     # Word lists: the (pair, word) entries a step creates, then filed contiguously per pair.
     entry_cap = max(16, tokens.shape[0])
-    entry_pair = np.empty(entry_cap, dtype=np.int64)
+    entry_pair = np.empty(entry_cap, dtype=np.int32)
     entry_word = np.empty(entry_cap, dtype=np.int32)
     n_entries = 0
     list_words = np.empty(entry_cap, dtype=np.int32)
