@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("corpus")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2],
                         help="processes for nbbpe, threads for tiktoken (default: 1 2)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per case; the fastest is shown")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per case, interleaved; the fastest is shown (memory: of that run)")
     parser.add_argument("--tools", nargs="+", default=["nbbpe", "tiktoken"], choices=["nbbpe", "tiktoken"])
     parser.add_argument("--out", default=os.path.join("out", "bench_encode_file"))
     parser.add_argument("--keep", action="store_true", help="keep the token files written")
@@ -130,10 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"corpus: {args.corpus} ({os.path.getsize(args.corpus) / 1e6:.1f} MB); machine: "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} before the runs")
     results = {}
-    for workers in args.workers:
-        for tool in args.tools:
-            best = None
-            for _ in range(args.repeat):
+    for _ in range(args.repeat):  # interleaved, so machine noise hits every case alike
+        for workers in args.workers:
+            for tool in args.tools:
                 proc = subprocess.run([sys.executable, __file__, args.corpus, "--out", args.out,
                                        "--case", tool, str(workers)],
                                       capture_output=True, text=True, check=False)
@@ -141,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(proc.stderr, file=sys.stderr)
                     return 1
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
+                rates = results.get((tool, workers), {}).get("all_mb_s", [])
+                result["all_mb_s"] = rates + [result["bytes"] / result["seconds"] / 1e6]
+                best = results.get((tool, workers))
                 if best is None or result["seconds"] < best["seconds"]:
-                    best = result
-            results[tool, workers] = best
+                    results[tool, workers] = result
+                else:
+                    best["all_mb_s"] = result["all_mb_s"]
 
     reference = next((r["ids"] for (tool, _), r in results.items() if tool == "tiktoken"), None)
     header = (f"{'tool':<10}{'workers':>8}{'MB/s':>8}{'M tok/s':>9}{'seconds':>9}{'tokens':>13}"
@@ -156,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         same = "-" if reference is None else ("equal" if same_ids(r["ids"], reference) else "DIFFER")
         print(f"{tool:<10}{workers:>8}{rate / 1e6:>8.2f}{r['tokens'] / r['seconds'] / 1e6:>9.2f}"
               f"{r['seconds']:>9.2f}{r['tokens']:>13,}{r['peak_pss'] / 1e6:>8.0f}MB"
-              f"{r['peak_rss_sum'] / 1e6:>7.0f}MB{r['max_rss'] / 1e6:>7.0f}MB{ratio:>12}  {same}")
+              f"{r['peak_rss_sum'] / 1e6:>7.0f}MB{r['max_rss'] / 1e6:>7.0f}MB{ratio:>12}  {same}"
+              + (f"  (runs: {', '.join(f'{x:.1f}' for x in r['all_mb_s'])} MB/s)" if args.repeat > 1 else ""))
     for (tool, workers), r in results.items():
         if tool == "nbbpe":
             print(f"nbbpe {workers} worker(s): tokenizer built in {r['build_seconds']:.2f} s, "
