@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nbbpe import InvalidUTF8Error, Tokenizer, encode_file, open_token_file
+from nbbpe import CL100K_PATTERN, InvalidUTF8Error, Tokenizer, encode_file, open_token_file
 from nbbpe import token_files
 from nbbpe.token_files import read_sidecar, token_dtype, tokenizer_sha256
 from nbbpe.vocab_files import load_gpt2_files
@@ -96,6 +96,14 @@ def test_equals_whole_text_encode_on_multilingual_text_in_many_chunks(gpt2, tmp_
     out = tmp_path / "multi.bin"
     encode_file(gpt2, write(tmp_path / "multi.txt", text), out, num_workers=2, chunk_bytes=2_000)
     assert ids_in(out).tolist() == gpt2.encode(text)
+
+
+def test_equals_whole_text_encode_with_the_cl100k_pattern(gpt2_files, tmp_path):
+    tokenizer = Tokenizer(*gpt2_files, [EOT], pattern=CL100K_PATTERN)
+    text = (FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:6_000] + "12345 6789\r\n  x\n"
+    out = tmp_path / "out.bin"
+    encode_file(tokenizer, write(tmp_path / "in.txt", text), out, num_workers=1, chunk_bytes=1)
+    assert ids_in(out).tolist() == tokenizer.encode(text)
 
 
 def test_overlapping_special_tokens_are_never_cut(gpt2_files, tmp_path):
