@@ -31,7 +31,17 @@ _WHITESPACE_BOUNDARY = regex.compile(rb"[A-Za-z0-9](?=[ \n])")
 
 
 class InvalidUTF8Error(ValueError):
-    """The corpus is not valid UTF-8 and the policy is "strict"."""
+    """The corpus is not valid UTF-8 and the policy is "strict".
+
+    `offset` is the position of the first invalid byte in the file (None if unknown).
+    """
+
+    def __init__(self, message: str, offset: int | None = None):
+        super().__init__(message)
+        self.offset = offset
+
+    def __reduce__(self):  # keep `offset` when a worker process sends the error back
+        return type(self), (self.args[0], self.offset)
 
 
 def check_corpus_path(path: str | os.PathLike) -> int:
@@ -60,8 +70,27 @@ def decode_utf8(data: bytes, errors: str, *, source: str = "corpus", offset: int
         bad = data[exc.start : exc.end]
         raise InvalidUTF8Error(
             f"{source}: invalid UTF-8 at byte offset {offset + exc.start} "
-            f"(bytes {bad!r}: {exc.reason}); pass errors='replace' to read such bytes as U+FFFD"
+            f"(bytes {bad!r}: {exc.reason}); pass errors='replace' to read such bytes as U+FFFD",
+            offset + exc.start,
         ) from None
+
+
+def first_invalid_utf8_error(path, ranges, found: InvalidUTF8Error) -> InvalidUTF8Error:
+    """The error for the file's first invalid byte: `found`, or one in an earlier chunk.
+
+    Workers check chunks in parallel, and the first error to arrive need not be the first in
+    the file; this rereads the chunks before it, so the error named never depends on timing.
+    """
+    if found.offset is None:
+        return found
+    for start, end in ranges:
+        if start >= found.offset:
+            break
+        try:
+            decode_utf8(read_range(path, start, end), "strict", source=os.fspath(path), offset=start)
+        except InvalidUTF8Error as earlier:
+            return earlier
+    return found
 
 
 def read_range(path: str | os.PathLike, start: int, end: int) -> bytes:

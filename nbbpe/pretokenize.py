@@ -7,11 +7,8 @@ special tokens; every faster path in nbbpe is checked against this one.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import queue
 import threading
-import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
@@ -21,12 +18,15 @@ from tqdm import tqdm
 
 from .corpus import (
     DEFAULT_CHUNK_BYTES,
+    InvalidUTF8Error,
     check_corpus_path,
     check_errors_policy,
     chunk_boundaries,
     decode_utf8,
+    first_invalid_utf8_error,
     read_range,
 )
+from .workers import WorkerPool
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 CL100K_PATTERN = (
@@ -153,20 +153,22 @@ def make_pretoken_counter(pattern: str, special_tokens: Sequence[str], errors: s
     return RegexPretokenCounter(pattern, special_tokens, errors)
 
 
-def _count_chunks(path, counter_args, tasks, results) -> None:
-    """Worker: count the pre-tokens of each chunk range taken from `tasks` until a None.
+class _ChunkCounter:
+    """A worker's handler: counts the pre-tokens of each chunk (a byte range of the file) into
+    one table for all its chunks, whose size is bounded by the number of unique pre-tokens, not
+    by the corpus size; `finish` sends it back once, as flat arrays."""
 
-    Counts accumulate in one table per worker (its size is bounded by the number of unique
-    pre-tokens, not by the corpus size) and go back once, as flat arrays.
-    """
-    try:
-        counter = make_pretoken_counter(*counter_args)
-        for start, end in iter(tasks.get, None):
-            counter.add(read_range(path, start, end), source=path, offset=start)
-            results.put(("progress", end - start))
-        results.put(("counts", counter.result()))
-    except BaseException as exc:  # report every failure; the parent raises it
-        results.put(("error", exc, traceback.format_exc()))
+    def __init__(self, path: str, counter_args: tuple):
+        self.path = path
+        self.counter = make_pretoken_counter(*counter_args)
+
+    def __call__(self, byte_range: tuple[int, int]) -> int:
+        start, end = byte_range
+        self.counter.add(read_range(self.path, start, end), source=self.path, offset=start)
+        return end - start
+
+    def finish(self):
+        return self.counter.result()
 
 
 def default_num_workers() -> int:
@@ -222,50 +224,20 @@ def count_pretokens_in_file(
 def _count_in_workers(path, counter_args, ranges, num_workers, bar, meanwhile):
     from .pretokenize_kernels import merge_counts
 
-    # fork starts workers at once and shares the imported modules; elsewhere, spawn.
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    tasks = context.Queue()
-    results = context.Queue()
-    for task in ranges:
-        tasks.put(task)
-    for _ in range(num_workers):
-        tasks.put(None)
-    workers = [
-        context.Process(target=_count_chunks, args=(path, counter_args, tasks, results), daemon=True)
-        for _ in range(num_workers)
-    ]
-    for worker in workers:
-        worker.start()
-    helper = None
-    if meanwhile is not None:  # started after the forks: a forked thread could hold a lock
-        helper = threading.Thread(target=meanwhile, name="nbbpe-meanwhile", daemon=True)
-        helper.start()
-    tables = []
-    try:
-        while len(tables) < num_workers:
-            try:
-                message = results.get(timeout=0.5)
-            except queue.Empty:
-                dead = [w for w in workers if w.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(
-                        f"a pre-tokenization worker died (exit code {dead[0].exitcode}) "
-                        f"while counting {path!r}; no result was produced"
-                    ) from None
-                continue
-            kind = message[0]
-            if kind == "progress":
-                bar.update(message[1])
-            elif kind == "error":
-                raise message[1] from RuntimeError(f"in a pre-tokenization worker:\n{message[2]}")
-            else:
-                tables.append(message[1])
-    finally:
-        for worker in workers:
-            if worker.is_alive():
-                worker.terminate()
-            worker.join()
+    with WorkerPool(_ChunkCounter, (path, counter_args), num_workers,
+                    what=f"counting the pre-tokens of {path!r}") as pool:
+        helper = None
+        if meanwhile is not None:  # started after the forks: a forked thread could hold a lock
+            helper = threading.Thread(target=meanwhile, name="nbbpe-meanwhile", daemon=True)
+            helper.start()
+        for index, byte_range in enumerate(ranges):
+            pool.submit(index, byte_range)
+        try:
+            for _ in ranges:
+                bar.update(pool.next_result()[1])
+        except InvalidUTF8Error as error:
+            raise first_invalid_utf8_error(path, ranges, error) from None
+        tables = pool.finish()
         if helper is not None:
             helper.join()
     return merge_counts(tables)

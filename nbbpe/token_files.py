@@ -35,10 +35,12 @@ from tqdm import tqdm
 
 from .corpus import (
     DEFAULT_CHUNK_BYTES,
+    InvalidUTF8Error,
     check_corpus_path,
     check_errors_policy,
     chunk_boundaries,
     decode_utf8,
+    first_invalid_utf8_error,
     read_range,
 )
 from .pretokenize import default_num_workers
@@ -282,7 +284,10 @@ def encode_file(
                     writer.append(encode_chunk(byte_range))
                     bar.update(byte_range[1] - byte_range[0])
             else:
-                _write_in_order(pool, ranges, 2 * num_workers, writer, bar)
+                try:
+                    _write_in_order(pool, ranges, 2 * num_workers, writer, bar)
+                except InvalidUTF8Error as error:  # name the file's first, whichever came first
+                    raise first_invalid_utf8_error(input_path, ranges, error) from None
         writer.finish()
     except BaseException:
         writer.close()

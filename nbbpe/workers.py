@@ -42,6 +42,9 @@ def _serve(make_handler, args, parent_pid, tasks, results) -> None:
                     os._exit(1)
                 continue
             if item is None:
+                finish = getattr(handle, "finish", None)
+                if finish is not None:  # a handler that accumulates sends its total once
+                    results.put(("final", None, finish()))
                 return
             key, task = item
             results.put(("done", key, handle(task)))
@@ -61,7 +64,9 @@ class WorkerPool:
 
     `submit(key, task)` queues a task; `next_result()` returns `(key, result)` of some finished
     task (in no particular order), raising a worker's exception or a `RuntimeError` naming a dead
-    worker. Use as a context manager: leaving it stops the workers.
+    worker. A handler that accumulates (e.g. counts over all its tasks) may have a `finish()`
+    method: `finish()` on the pool collects what each worker's returns. Use as a context
+    manager: leaving it stops the workers.
     """
 
     def __init__(self, make_handler: Callable, args: tuple, num_workers: int, *, what: str):
@@ -85,11 +90,28 @@ class WorkerPool:
     def next_result(self):
         if not self.pending:
             raise RuntimeError("next_result: no task is pending")
+        message = self._next_message("done")
+        self.pending -= 1
+        return message[1], message[2]
+
+    def finish(self) -> list:
+        """Ask every worker to stop and return what its handler's `finish()` gives, one per
+        worker, once all submitted tasks' results have been taken with `next_result`."""
+        if self.pending:
+            raise RuntimeError("finish: results of submitted tasks are still pending")
+        for _ in self._workers:
+            self._tasks.put(None)
+        return [self._next_message("final")[2] for _ in self._workers]
+
+    def _next_message(self, kind: str):
+        """The next message of `kind` from a worker; raises its error, or names a dead worker."""
         while True:
             try:
                 message = self._results.get(timeout=_POLL_SECONDS)
             except queue.Empty:
-                dead = [w for w in self._workers if w.exitcode is not None]
+                # Workers exit by themselves only after sending their final message.
+                dead = [w for w in self._workers if w.exitcode is not None
+                        and (w.exitcode != 0 or kind != "final")]
                 if not dead:
                     continue
                 try:  # a worker that failed put its error first: take it if it is there
@@ -101,8 +123,8 @@ class WorkerPool:
                     ) from None
             if message[0] == "error":
                 raise message[1] from RuntimeError(f"in a worker process:\n{message[2]}")
-            self.pending -= 1
-            return message[1], message[2]
+            if message[0] == kind:
+                return message
 
     def close(self) -> None:
         """Stop the workers: ask them to finish, and end any that are still busy."""

@@ -267,6 +267,16 @@ def test_a_worker_error_is_raised_and_leaves_no_output_then_a_rerun_succeeds(gpt
     assert result.num_tokens == len(ids_in(out))
 
 
+@pytest.mark.parametrize("chunk_bytes", [40, 300])
+def test_the_first_invalid_byte_in_the_file_is_named_whichever_worker_fails_first(
+        gpt2, tmp_path, chunk_bytes):
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"ok text " * 30 + (b"bad \xff byte " + b"more text " * 5) * 20)
+    for _ in range(3):
+        with pytest.raises(InvalidUTF8Error, match=r"byte offset 244\b"):
+            encode_file(gpt2, source, tmp_path / "out.bin", num_workers=3, chunk_bytes=chunk_bytes)
+
+
 def test_a_dead_worker_is_reported_and_a_failed_rerun_keeps_the_previous_output(
         gpt2, tmp_path, monkeypatch):
     text = "more fine text " * 400

@@ -215,7 +215,7 @@ def test_a_worker_that_dies_is_reported(tmp_path, monkeypatch):
 
     monkeypatch.setattr(nbbpe.pretokenize, "read_range", die)
     path = write(tmp_path, "some words here " * 500)
-    with pytest.raises(RuntimeError, match="worker died"):
+    with pytest.raises(RuntimeError, match=r"worker process died \(exit code 3\) while counting"):
         train_bpe(path, 300, [], num_workers=2, chunk_bytes=500)
 
 
