@@ -103,26 +103,6 @@ def tokenizer_sha256(tokenizer: Tokenizer) -> str:
     return digest.hexdigest()
 
 
-def token_dtype(tokenizer: Tokenizer, dtype=None) -> np.dtype:
-    """uint16 when every id fits (at most 65,536 ids), else uint32; or `dtype`, checked."""
-    largest = tokenizer.n_vocab - 1
-    if dtype is None:
-        return np.dtype(np.uint16 if largest <= np.iinfo(np.uint16).max else np.uint32)
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype {dtype!r} is not a NumPy dtype") from None
-    if dtype.kind not in "iu":
-        raise TypeError(f"dtype must be an integer type such as uint16 or uint32, got {dtype}")
-    if np.iinfo(dtype).max < largest:
-        raise ValueError(
-            f"dtype {dtype} cannot hold the ids of this tokenizer: it has {tokenizer.n_vocab:,} ids "
-            f"(largest {largest:,}) but {dtype} holds at most {np.iinfo(dtype).max:,}; "
-            "use uint32 (or leave dtype unset to choose automatically)"
-        )
-    return dtype
-
-
 def _chunk_encoder(tokenizer: Tokenizer, path: str, dtype: np.dtype, errors: str):
     """The work on one chunk (a worker's handler): read the byte range, decode it, encode it."""
     trim_heap = _HeapTrimmer()
@@ -251,7 +231,7 @@ def encode_file(
     input_path, output_path = _check_paths(input_path, output_path)
     size = check_corpus_path(input_path)
     check_errors_policy(errors)
-    dtype = token_dtype(tokenizer, dtype)
+    dtype = tokenizer.id_dtype(dtype)
     num_workers = default_num_workers() if num_workers is None else num_workers
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")

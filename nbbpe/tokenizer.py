@@ -248,7 +248,7 @@ class Tokenizer:
     def encode_to_numpy(self, text: str, dtype=None) -> np.ndarray:
         """The token ids of `text` as an array of `dtype` (default: uint16 if every id fits,
         else uint32)."""
-        dtype = self._check_dtype(dtype)
+        dtype = self.id_dtype(dtype)
         return self._encode_text(_check_text(text, "encode_to_numpy")).astype(dtype)
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
@@ -264,7 +264,7 @@ class Tokenizer:
 
     def encode_iterable_to_numpy(self, iterable: Iterable[str], dtype=None) -> Iterator[np.ndarray]:
         """Like `encode_iterable`, yielding the ids as arrays of `dtype`, one per block."""
-        dtype = self._check_dtype(dtype)
+        dtype = self.id_dtype(dtype)
         if isinstance(iterable, str):
             iterable = (iterable,)
         pending: list[str] = []
@@ -289,14 +289,23 @@ class Tokenizer:
         if text:
             yield self._encode_text(text).astype(dtype)
 
-    def _check_dtype(self, dtype) -> np.dtype:
+    def id_dtype(self, dtype=None) -> np.dtype:
+        """uint16 when every id fits (at most 65,536 ids), else uint32; or `dtype`, checked."""
+        largest = self._max_id
         if dtype is None:
-            return np.dtype(np.uint16 if self._max_id <= np.iinfo(np.uint16).max else np.uint32)
-        dtype = np.dtype(dtype)
+            return np.dtype(np.uint16 if largest <= np.iinfo(np.uint16).max else np.uint32)
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"dtype {dtype!r} is not a NumPy dtype") from None
         if dtype.kind not in "iu":
-            raise TypeError(f"dtype must be an integer type, got {dtype}")
-        if np.iinfo(dtype).max < self._max_id:
-            raise ValueError(f"dtype {dtype} cannot hold id {self._max_id} of this vocab")
+            raise TypeError(f"dtype must be an integer type such as uint16 or uint32, got {dtype}")
+        if np.iinfo(dtype).max < largest:
+            raise ValueError(
+                f"dtype {dtype} cannot hold the ids of this tokenizer: it has {self.n_vocab:,} ids "
+                f"(largest {largest:,}) but {dtype} holds at most {np.iinfo(dtype).max:,}; "
+                "use uint32 (or leave dtype unset to choose automatically)"
+            )
         return dtype
 
     def _encode_text(self, text: str) -> np.ndarray:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from nbbpe import CL100K_PATTERN, InvalidUTF8Error, Tokenizer, encode_file, open_token_file
 from nbbpe import token_files
-from nbbpe.token_files import read_sidecar, token_dtype, tokenizer_sha256
+from nbbpe.token_files import read_sidecar, tokenizer_sha256
 from nbbpe.vocab_files import load_gpt2_files
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -197,7 +197,7 @@ def test_a_dtype_too_small_is_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match=r"uint16 cannot hold.*65,537 ids.*uint32"):
         encode_file(tokenizer, source, tmp_path / "out.bin", dtype=np.uint16)
     with pytest.raises(ValueError, match="int8 cannot hold"):
-        token_dtype(tokenizer_with_largest_id(300), "int8")
+        tokenizer_with_largest_id(300).id_dtype("int8")
     with pytest.raises(TypeError, match="integer type"):
         encode_file(tokenizer, source, tmp_path / "out.bin", dtype=np.float32)
     assert_no_output(tmp_path / "out.bin")
