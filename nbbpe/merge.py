@@ -26,11 +26,33 @@ rewriting each word in place and applying the count changes of the neighbouring 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import contextmanager
+
 import numpy as np
-from numba import njit
+from numba import njit, objmode
 
 _EMPTY = -1
 _HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
+
+
+# Progress of the merge loop: the kernel calls `_report_merges` every `report_every` merges.
+_merge_listeners: list[Callable[[int], object]] = []
+
+
+def _report_merges(n_merges: int) -> None:
+    for listener in _merge_listeners:
+        listener(n_merges)
+
+
+@contextmanager
+def merge_progress(listener: Callable[[int], object]):
+    """Call `listener(merges done so far)` from `learn_merges` while in this block."""
+    _merge_listeners.append(listener)
+    try:
+        yield
+    finally:
+        _merge_listeners.remove(listener)
 
 
 @njit(cache=True)
@@ -208,11 +230,12 @@ def _file_word_lists(entry_pair, entry_word, n_entries, first_pair, n_pairs,
 
 
 @njit(cache=True)
-def learn_merges(tokens, offsets, word_counts, num_merges):
+def learn_merges(tokens, offsets, word_counts, num_merges, report_every=0):
     """Learn up to `num_merges` merges; return (left ids, right ids) in order of creation.
 
     tokens (int32, rewritten in place), offsets (int64, n_words + 1), word_counts (int64).
     Token ids 0-255 are bytes; merge k creates id 256 + k. Stops early when no pair is left.
+    With `report_every` > 0, progress goes to the `merge_progress` listeners that often.
     """
     n_words = offsets.shape[0] - 1
     # Per word, in one row so a visit touches one cache line: start, current length, count, and
@@ -469,6 +492,9 @@ def learn_merges(tokens, offsets, word_counts, num_merges):
             elif pair_count[p] > 0:
                 deferred[n_deferred] = p
                 n_deferred += 1
+        if report_every > 0 and n_merges % report_every == 0:
+            with objmode():
+                _report_merges(n_merges)
 
     return merge_left[:n_merges], merge_right[:n_merges]
 

@@ -6,10 +6,14 @@ import os
 import time
 from collections.abc import Iterable
 
+from tqdm import tqdm
+
 from .corpus import DEFAULT_CHUNK_BYTES
 from .intern import intern_words
-from .merge import learn_merges, load_merge_kernels
+from .merge import learn_merges, load_merge_kernels, merge_progress
 from .pretokenize import GPT2_PATTERN, count_pretokens_in_file, validate_special_tokens
+
+_MERGES_PER_REPORT = 64  # how often the merge kernel updates the progress bar
 
 Vocab = dict[int, bytes]
 Merges = list[tuple[bytes, bytes]]
@@ -72,7 +76,12 @@ def train_bpe(
     words = intern_words(counts)
     del counts
     t2 = time.perf_counter()
-    left, right = learn_merges(words.tokens, words.offsets, words.counts, vocab_size - smallest)
+    num_merges = vocab_size - smallest
+    with tqdm(total=num_merges, unit="merge", desc="merge", disable=not progress) as bar:
+        with merge_progress(lambda done: bar.update(done - bar.n)):
+            left, right = learn_merges(words.tokens, words.offsets, words.counts, num_merges,
+                                       report_every=_MERGES_PER_REPORT if progress else 0)
+        bar.update(len(left) - bar.n)
     t3 = time.perf_counter()
 
     vocab: Vocab = {i: bytes([i]) for i in range(256)}

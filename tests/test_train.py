@@ -228,3 +228,15 @@ def test_timings_are_reported():
 
 def test_public_api():
     assert nbbpe.train_bpe is train_bpe
+
+
+def test_progress_reports_pretokenization_and_merges(capsys):
+    from nbbpe.merge import merge_progress
+
+    seen = []
+    with merge_progress(seen.append):
+        vocab, merges = train_bpe(FIXTURES / "corpus.en", 500, [EOT], progress=True)
+    err = capsys.readouterr().err
+    assert "pre-tokenize" in err and "merge" in err and f"{len(merges)}/{500 - 257}" in err
+    assert seen == list(range(64, len(merges) + 1, 64))  # every 64 merges, from the kernel
+    assert (vocab, merges) == train_bpe(FIXTURES / "corpus.en", 500, [EOT], progress=False)
