@@ -1,7 +1,7 @@
 """Train with nbbpe and its peers on the same corpus, side by side in one run.
 
     python scripts/bench_train.py CORPUS [CORPUS ...] --vocab-size 10000 [--workers 2]
-        [--tools nbbpe,rustbpe,hf,gigatoken] [--json results.json]
+        [--tools nbbpe,nbbpe_regex,rustbpe,hf,gigatoken] [--json results.json]
 
 Each tool runs in its own fresh process. For each one this prints the training call's wall time,
 the whole process's wall time (start-up and imports included), the peak memory of the process
@@ -9,6 +9,7 @@ and its children together (sum of PSS, sampled with psutil every 20 ms), and MB/
 (loading cached kernels, or compiling them on a cold cache) and its phases. Then the ratios
 nbbpe / peer. The machines are shared and noisy: compare ratios from one run, not absolute times.
 
+nbbpe_regex is nbbpe with the reference `regex` pre-tokenizer instead of the compiled scanner.
 Peers: rustbpe (`train_from_iterator`, documents streamed from the file), Hugging Face
 `tokenizers` (byte-level BPE trainer), gigatoken (`train_bpe`), and `python` (a plain
 regex + multiprocessing trainer, scripts/python_baseline_bpe.py: slow, opt-in). None but nbbpe
@@ -30,7 +31,7 @@ import psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EOT = "<|endoftext|>"
-DEFAULT_TOOLS = "nbbpe,rustbpe,hf,gigatoken"
+DEFAULT_TOOLS = "nbbpe,nbbpe_regex,rustbpe,hf,gigatoken"
 # The package each tool needs; the peers are optional (the `bench` extra).
 TOOL_MODULES = dict(nbbpe="nbbpe", rustbpe="rustbpe", hf="tokenizers", gigatoken="gigatoken",
                     python="regex")
@@ -92,7 +93,7 @@ def _documents(path):
             yield "".join(buf)
 
 
-def run_nbbpe(path, vocab_size, workers):
+def run_nbbpe(path, vocab_size, workers, pretokenizer="auto"):
     t0 = time.perf_counter()
     import nbbpe
     from nbbpe.merge import load_merge_kernels
@@ -107,11 +108,16 @@ def run_nbbpe(path, vocab_size, workers):
     timings = {}
     t0 = time.perf_counter()
     vocab, merges = nbbpe.train_bpe(path, vocab_size, [EOT], num_workers=workers,
-                                    progress=False, timings=timings)
+                                    pretokenizer=pretokenizer, progress=False, timings=timings)
     train_s = time.perf_counter() - t0
     longest = max((t for i, t in vocab.items() if i >= 257), key=len)
     return dict(train_s=train_s, import_s=import_s, numba_s=numba_s, phases=timings,
                 vocab=len(vocab), longest=len(longest))
+
+
+def run_nbbpe_regex(path, vocab_size, workers):
+    """nbbpe with the reference `regex` pre-tokenizer instead of the compiled one."""
+    return run_nbbpe(path, vocab_size, workers, pretokenizer="regex")
 
 
 def run_rustbpe(path, vocab_size, workers):
@@ -155,7 +161,7 @@ def run_python(path, vocab_size, workers):
     return dict(train_s=time.perf_counter() - t0, vocab=len(vocab))
 
 
-RUNNERS = dict(nbbpe=run_nbbpe, rustbpe=run_rustbpe, hf=run_hf, gigatoken=run_gigatoken,
+RUNNERS = dict(nbbpe=run_nbbpe, nbbpe_regex=run_nbbpe_regex, rustbpe=run_rustbpe, hf=run_hf, gigatoken=run_gigatoken,
                python=run_python)
 
 
@@ -207,25 +213,27 @@ def measure(tool, path, vocab_size, workers, timeout, extra_env=None):
 
 def report(corpus, results, size):
     print(f"\n== {corpus}: {size / 1e6:.1f} MB ==")
-    print(f"{'tool':<10} {'train s':>8} {'process s':>9} {'MB/s':>7} {'peak MB':>11}  notes")
+    print(f"{'tool':<11} {'train s':>8} {'process s':>9} {'MB/s':>7} {'peak MB':>11}  notes")
     for r in results:
         if "error" in r:
-            print(f"{r['tool']:<10} {r['error']}")
+            print(f"{r['tool']:<11} {r['error']}")
             continue
         notes = ""
-        if r["tool"] == "nbbpe":
+        if r["tool"].startswith("nbbpe"):
             ph = r["phases"]
             notes = (f"import {r['import_s']:.2f} s, numba load/compile {r['numba_s']:.2f} s; "
                      f"pre-tokenize {ph['pretokenize']:.2f} s, intern {ph['intern']:.2f} s, "
                      f"merge {ph['merge']:.2f} s; longest token {r['longest']} B")
-        print(f"{r['tool']:<10} {r['train_s']:>8.2f} {r['process_s']:>9.2f} "
+        print(f"{r['tool']:<11} {r['train_s']:>8.2f} {r['process_s']:>9.2f} "
               f"{size / 1e6 / r['train_s']:>7.1f} {r['peak_rss_mb']:>11.0f}  {notes}")
-    ours = next((r for r in results if r["tool"] == "nbbpe" and "error" not in r), None)
-    if ours:
+    for name in ("nbbpe", "nbbpe_regex"):
+        ours = next((r for r in results if r["tool"] == name and "error" not in r), None)
+        if ours is None:
+            continue
         for r in results:
-            if r is ours or "error" in r:
+            if r["tool"].startswith("nbbpe") or "error" in r:
                 continue
-            print(f"nbbpe / {r['tool']:<9}: train time {ours['train_s'] / r['train_s']:.2f}x, "
+            print(f"{name} / {r['tool']:<9}: train time {ours['train_s'] / r['train_s']:.2f}x, "
                   f"process time {ours['process_s'] / r['process_s']:.2f}x, "
                   f"peak memory {ours['peak_rss_mb'] / r['peak_rss_mb']:.2f}x")
 
