@@ -33,8 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EOT = "<|endoftext|>"
 DEFAULT_TOOLS = "nbbpe,nbbpe_regex,rustbpe,hf,gigatoken"
 # The package each tool needs; the peers are optional (the `bench` extra).
-TOOL_MODULES = dict(nbbpe="nbbpe", rustbpe="rustbpe", hf="tokenizers", gigatoken="gigatoken",
-                    python="regex")
+TOOL_MODULES = dict(nbbpe="nbbpe", nbbpe_regex="nbbpe", rustbpe="rustbpe", hf="tokenizers",
+                    gigatoken="gigatoken", python="regex")
 
 
 def tool_available(tool: str) -> bool:
