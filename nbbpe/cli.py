@@ -217,7 +217,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     specials = {t.encode("utf-8") for t in tokenizer.special_tokens}
     ordinary = [t for t in tokenizer.vocab.values() if t not in specials]
     longest = sorted(ordinary, key=lambda t: (-len(t), t))[: args.top]
-    print(f"longest tokens  " + ", ".join(f"{_show_token(t)} ({len(t)} B)" for t in longest))
+    print("longest tokens  " + ", ".join(f"{_show_token(t)} ({len(t)} B)" for t in longest))
 
     sample = args.sample or sample_corpus_path()
     size = min(check_corpus_path(sample), args.sample_bytes)

@@ -45,7 +45,7 @@ import numpy as np
 import regex
 from numba import njit
 
-from .corpus import InvalidUTF8Error, check_errors_policy, decode_utf8
+from .corpus import check_errors_policy, decode_utf8
 from .pretokenize import validate_special_tokens
 
 # Code point classes, as stored in `char_classes()`.

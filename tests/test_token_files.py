@@ -20,21 +20,10 @@ from hypothesis import strategies as st
 from nbbpe import CL100K_PATTERN, InvalidUTF8Error, Tokenizer, encode_file, open_token_file
 from nbbpe import token_files
 from nbbpe.token_files import read_sidecar, tokenizer_sha256
-from nbbpe.vocab_files import load_gpt2_files
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).parent.parent
 EOT = "<|endoftext|>"
-
-
-@pytest.fixture(scope="module")
-def gpt2_files():
-    return load_gpt2_files(FIXTURES / "gpt2_vocab.json", FIXTURES / "gpt2_merges.txt")
-
-
-@pytest.fixture(scope="module")
-def gpt2(gpt2_files):
-    return Tokenizer(*gpt2_files, [EOT])
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbbpe import CL100K_PATTERN, GPT2_PATTERN, Tokenizer, train_bpe
-from nbbpe.vocab_files import load_gpt2_files
 from reference_encode import ReferenceEncoder, read_gpt2_vocab
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -23,16 +22,6 @@ FIXTURE_TEXTS = ["address.txt", "german.txt", "tinystories_sample.txt", "corpus.
 
 def read(name):
     return (FIXTURES / name).read_text(encoding="utf-8")
-
-
-@pytest.fixture(scope="module")
-def gpt2_files():
-    return load_gpt2_files(FIXTURES / "gpt2_vocab.json", FIXTURES / "gpt2_merges.txt")
-
-
-@pytest.fixture(scope="module")
-def gpt2(gpt2_files):
-    return Tokenizer(*gpt2_files, [EOT])
 
 
 @pytest.fixture(scope="module")

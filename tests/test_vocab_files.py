@@ -36,16 +36,6 @@ def read(name):
 
 
 @pytest.fixture(scope="module")
-def gpt2_files():
-    return load_gpt2_files(FIXTURES / "gpt2_vocab.json", FIXTURES / "gpt2_merges.txt")
-
-
-@pytest.fixture(scope="module")
-def gpt2(gpt2_files):
-    return Tokenizer(*gpt2_files, [EOT])
-
-
-@pytest.fixture(scope="module")
 def trained():
     """Trained on multilingual text: some tokens are pieces of characters, not valid UTF-8."""
     vocab, merges = train_bpe(FIXTURES / "multi_sample.txt", 700, SPECIALS, num_workers=1)
