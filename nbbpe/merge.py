@@ -504,4 +504,6 @@ def learn_merges(tokens, offsets, word_counts, num_merges, report_every=0):
 
 def load_merge_kernels() -> None:
     """Compile, or load from Numba's cache, the merge kernels, by running them on a tiny input."""
-    learn_merges(np.zeros(2, np.int32), np.array([0, 2], np.int64), np.ones(1, np.int64), 1)
+    # The same argument types as train_bpe's call, report_every included: an omitted default
+    # would be another signature, compiled apart.
+    learn_merges(np.zeros(2, np.int32), np.array([0, 2], np.int64), np.ones(1, np.int64), 1, 0)
