@@ -207,25 +207,28 @@ def count_pretokens_in_file(
     num_workers = min(num_workers, len(ranges))
     path = os.fspath(path)
 
-    bar = tqdm(total=size, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress)
-    with bar:
-        if num_workers == 1:
+    def progress_bar():
+        return tqdm(total=size, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress)
+
+    if num_workers == 1:
+        with progress_bar() as bar:
             for start, end in ranges:
                 counter.add(read_range(path, start, end), source=path, offset=start)
                 bar.update(end - start)
-            if meanwhile is not None:
-                meanwhile()
-            return counter.result()
-        # Load the counting kernels here, once, before forking: else each worker loads them.
-        make_pretoken_counter(*counter_args).add(b"warm up")
-        return _count_in_workers(path, counter_args, ranges, num_workers, bar, meanwhile)
+        if meanwhile is not None:
+            meanwhile()
+        return counter.result()
+    # Load the counting kernels here, once, before forking: else each worker loads them.
+    make_pretoken_counter(*counter_args).add(b"warm up")
+    return _count_in_workers(path, counter_args, ranges, num_workers, progress_bar, meanwhile)
 
 
-def _count_in_workers(path, counter_args, ranges, num_workers, bar, meanwhile):
+def _count_in_workers(path, counter_args, ranges, num_workers, progress_bar, meanwhile):
     from .pretokenize_kernels import merge_counts
 
     with WorkerPool(_ChunkCounter, (path, counter_args), num_workers,
-                    what=f"counting the pre-tokens of {path!r}") as pool:
+                    what=f"counting the pre-tokens of {path!r}") as pool, \
+            progress_bar() as bar:  # after the fork: the bar's monitor thread must not be forked
         helper = None
         if meanwhile is not None:  # started after the forks: a forked thread could hold a lock
             helper = threading.Thread(target=meanwhile, name="nbbpe-meanwhile", daemon=True)
