@@ -45,6 +45,7 @@ from .corpus import (
 )
 from .pretokenize import default_num_workers
 from .tokenizer import Tokenizer
+from .vocab_files import write_text_atomically
 from .workers import WorkerPool
 
 SIDECAR_SUFFIX = ".json"
@@ -287,7 +288,8 @@ def encode_file(
     # An old sidecar must never describe the new file: remove it before the file appears.
     _remove(result.sidecar_path)
     os.replace(partial, output_path)
-    _write_json_atomically(result.sidecar_path, result.sidecar())
+    write_text_atomically(result.sidecar_path,
+                          json.dumps(result.sidecar(), ensure_ascii=False, indent=1) + "\n")
     return result
 
 
@@ -347,14 +349,6 @@ def read_sidecar(path: str | os.PathLike) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{meta_path}: not an nbbpe token file sidecar")
     return meta
-
-
-def _write_json_atomically(path: str, data: dict) -> None:
-    tmp = path + PARTIAL_SUFFIX
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def _remove(path: str) -> None:

@@ -89,9 +89,9 @@ def save_gpt2_files(vocab: Vocab, merges: Merges, directory: str | os.PathLike) 
     spelled = {spell(token): i for i, token in sorted(vocab.items())}
     if len(spelled) != len(vocab):
         raise ValueError("vocab has two ids for the same bytes; it cannot be saved as vocab.json")
-    _write_atomically(vocab_path, json.dumps(spelled, ensure_ascii=False, indent=1))
+    write_text_atomically(vocab_path, json.dumps(spelled, ensure_ascii=False, indent=1))
     lines = ["#version: 0.2 (nbbpe)"] + [f"{spell(a)} {spell(b)}" for a, b in merges]
-    _write_atomically(merges_path, "\n".join(lines) + "\n")
+    write_text_atomically(merges_path, "\n".join(lines) + "\n")
     return vocab_path, merges_path
 
 
@@ -128,7 +128,9 @@ def load_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
     return vocab, merges
 
 
-def _write_atomically(path: str, text: str) -> None:
+def write_text_atomically(path: str, text: str) -> None:
+    """Write `text` to `path` through a temporary file renamed over it: a reader never sees a
+    partial file, and a failed write leaves the old one."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
@@ -143,7 +145,7 @@ def save_tokenizer_config(directory: str | os.PathLike, special_tokens: Sequence
     do not record) into `directory`; return its path."""
     path = os.path.join(directory, CONFIG_FILE)
     config = {"special_tokens": list(special_tokens), "pattern": pattern}
-    _write_atomically(path, json.dumps(config, ensure_ascii=False, indent=1))
+    write_text_atomically(path, json.dumps(config, ensure_ascii=False, indent=1))
     return path
 
 
@@ -351,7 +353,7 @@ def save_hf_tokenizer_json(vocab: Vocab, merges: Merges, special_tokens: Sequenc
                            path: str | os.PathLike) -> str:
     """Write `tokenizer.json` for Hugging Face `tokenizers`; return its path."""
     content = hf_tokenizer_json(vocab, merges, special_tokens, pattern)
-    _write_atomically(os.fspath(path), json.dumps(content, ensure_ascii=False, indent=1))
+    write_text_atomically(os.fspath(path), json.dumps(content, ensure_ascii=False, indent=1))
     return os.fspath(path)
 
 
@@ -414,7 +416,7 @@ def save_tiktoken_ranks(vocab: Vocab, special_tokens: Sequence[str], path: str |
     ranks = tiktoken_ranks(vocab, special_tokens)
     lines = [f"{base64.b64encode(token).decode('ascii')} {i}"
              for token, i in sorted(ranks.items(), key=lambda item: item[1])]
-    _write_atomically(os.fspath(path), "\n".join(lines) + "\n")
+    write_text_atomically(os.fspath(path), "\n".join(lines) + "\n")
     return os.fspath(path)
 
 
