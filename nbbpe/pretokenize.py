@@ -219,7 +219,8 @@ def count_pretokens_in_file(
             meanwhile()
         return counter.result()
     # Load the counting kernels here, once, before forking: else each worker loads them.
-    make_pretoken_counter(*counter_args).add(b"warm up")
+    # (This counter served to check the arguments; the workers count with their own.)
+    counter.add(b"warm up")
     return _count_in_workers(path, counter_args, ranges, num_workers, progress_bar, meanwhile)
 
 
