@@ -1,0 +1,46 @@
+"""Pre-tokenization patterns, and which compiled scanner implements each.
+
+The reference semantics of a pattern are those of the `regex` module. The compiled scanners
+(`nbbpe/scanners/`) implement three families exactly; a pattern is recognised by its string:
+nbbpe's constants, or the spelling tiktoken uses (`tiktoken_ext/openai_public.py`).
+Any other pattern runs on `regex`.
+"""
+
+from __future__ import annotations
+
+# GPT-2's pattern as released with GPT-2 (and in the CS336 assignment).
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# tiktoken's spelling of it (gpt2, r50k_base, p50k_base): the same pre-tokens, faster in regex.
+TIKTOKEN_GPT2_PATTERN = (
+    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+)
+# cl100k_base (GPT-4; Llama 3 uses it nearly verbatim), exactly as tiktoken spells it.
+CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+# o200k_base (GPT-4o), exactly as tiktoken spells it.
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+
+# Pattern string -> the family of the compiled scanner that finds exactly its pre-tokens.
+SCANNER_FAMILIES = {
+    GPT2_PATTERN: "gpt2",
+    TIKTOKEN_GPT2_PATTERN: "gpt2",
+    CL100K_PATTERN: "cl100k",
+    O200K_PATTERN: "o200k",
+}
+
+
+def scanner_family(pattern: str) -> str | None:
+    """The compiled scanner family ("gpt2", "cl100k", "o200k") for `pattern`, or None."""
+    return SCANNER_FAMILIES.get(pattern)

@@ -1,0 +1,143 @@
+"""The character-class table every compiled scanner shares, and UTF-8 helpers for the kernels.
+
+`char_flags()` gives each code point 0..0x10FFFF a byte of flags, one bit per Unicode property
+the supported patterns mention (`\\p{Lu}`/`\\p{Lt}`, `\\p{Ll}`, `\\p{Lm}`/`\\p{Lo}`, `\\p{M}`,
+`\\p{N}`, `\\s`). The table is derived by running the installed `regex` module's own classes over
+a string of every code point, so the scanners agree with `regex` by construction.
+
+Scanners read UTF-8 that `first_invalid_utf8` has already checked: `char_at` decodes one code
+point without validating it. ASCII never reaches the decoder.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import regex
+from numba import njit
+
+N_CODE_POINTS = 0x110000
+
+# Flag bits of `char_flags()`.
+UPPER = 1  # \p{Lu} or \p{Lt}
+LOWER = 2  # \p{Ll}
+MODIFIER_OR_OTHER_LETTER = 4  # \p{Lm} or \p{Lo}
+MARK = 8  # \p{M}
+NUMBER = 16  # \p{N}
+SPACE = 32  # \s
+LETTER = UPPER | LOWER | MODIFIER_OR_OTHER_LETTER  # \p{L}
+
+_FLAG_PATTERNS = (
+    (UPPER, r"[\p{Lu}\p{Lt}]+"),
+    (LOWER, r"\p{Ll}+"),
+    (MODIFIER_OR_OTHER_LETTER, r"[\p{Lm}\p{Lo}]+"),
+    (MARK, r"\p{M}+"),
+    (NUMBER, r"\p{N}+"),
+    (SPACE, r"\s+"),
+)
+
+
+def every_code_point() -> str:
+    """A string of every code point 0..0x10FFFF in order (surrogates included)."""
+    return np.arange(N_CODE_POINTS, dtype=np.uint32).tobytes().decode("utf-32-le", "surrogatepass")
+
+
+@functools.cache
+def char_flags() -> np.ndarray:
+    """The flags of every code point 0..0x10FFFF (uint8, read-only), from the installed `regex`.
+
+    Checks what the scanners rely on: \\p{L} is exactly the union of the three letter flags, and
+    letters, numbers and whitespace never overlap. Takes about 0.1 s; cached per process.
+    """
+    text = every_code_point()
+    flags = np.zeros(N_CODE_POINTS, dtype=np.uint8)
+    for bit, pattern in _FLAG_PATTERNS:
+        for match in regex.finditer(pattern, text):
+            flags[match.start() : match.end()] |= bit
+    letters = np.zeros(N_CODE_POINTS, dtype=bool)
+    for match in regex.finditer(r"\p{L}+", text):
+        letters[match.start() : match.end()] = True
+    if not np.array_equal(letters, (flags & LETTER) != 0):
+        raise RuntimeError("regex's \\p{L} is not the union of Lu, Lt, Ll, Lm and Lo")
+    kinds = ((flags & LETTER) != 0).astype(int) + ((flags & NUMBER) != 0) + ((flags & SPACE) != 0)
+    if (kinds > 1).any():
+        bad = int(np.argmax(kinds > 1))
+        raise RuntimeError(f"regex puts U+{bad:04X} in more than one of \\p{{L}}, \\p{{N}}, \\s")
+    flags.setflags(write=False)
+    return flags
+
+
+@njit(cache=True, nogil=True)
+def char_at(buf, i):
+    """(code point, length in bytes) of the character starting at buf[i] (valid UTF-8)."""
+    b = np.int64(buf[i])
+    if b < 0x80:
+        return b, 1
+    if b < 0xE0:
+        return ((b & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F), 2
+    if b < 0xF0:
+        return (((b & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6)
+                | (np.int64(buf[i + 2]) & 0x3F)), 3
+    return (((b & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12)
+            | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F)), 4
+
+
+@njit(cache=True, nogil=True)
+def flags_at(buf, flags, i):
+    """(flags, length in bytes) of the character starting at buf[i] (valid UTF-8)."""
+    b = buf[i]
+    if b < 0x80:
+        return flags[b], 1
+    cp, length = char_at(buf, i)
+    return flags[cp], length
+
+
+_HIGH_BITS = np.uint64(0x8080808080808080)
+
+
+@njit(cache=True, nogil=True)
+def first_invalid_utf8(buf, start, end):
+    """The offset of the first byte of buf[start:end] that is not valid UTF-8, or -1.
+
+    "Invalid" as Python's decoder means it: no overlong forms, surrogates or code points past
+    U+10FFFF, no sequence cut off at `end`. ASCII is skipped eight bytes at a time.
+    """
+    i = start
+    while i < end:
+        if i + 8 <= end:
+            word = (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
+                    | np.uint64(buf[i + 2]) << np.uint64(16) | np.uint64(buf[i + 3]) << np.uint64(24)
+                    | np.uint64(buf[i + 4]) << np.uint64(32) | np.uint64(buf[i + 5]) << np.uint64(40)
+                    | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
+            if word & _HIGH_BITS == 0:
+                i += 8
+                continue
+        b = buf[i]
+        if b < 0x80:
+            i += 1
+            continue
+        if b < 0xC2:  # a continuation byte, or C0/C1 (always overlong)
+            return i
+        if b < 0xE0:
+            length, lo, hi = 2, 0x80, 0xBF
+        elif b < 0xF0:
+            length = 3
+            lo = 0xA0 if b == 0xE0 else 0x80  # E0 80..9F: overlong
+            hi = 0x9F if b == 0xED else 0xBF  # ED A0..BF: surrogates
+        elif b < 0xF5:
+            length = 4
+            lo = 0x90 if b == 0xF0 else 0x80  # F0 80..8F: overlong
+            hi = 0x8F if b == 0xF4 else 0xBF  # F4 90..BF: past U+10FFFF
+        else:
+            return i
+        if i + length > end:
+            return i
+        second = buf[i + 1]
+        if second < lo or second > hi:
+            return i
+        for k in range(2, length):
+            if buf[i + k] & 0xC0 != 0x80:
+                return i
+        i += length
+    return -1
