@@ -1,20 +1,40 @@
-"""Encoding kernels: pre-token bytes -> token ids by merge rank, with a cache of repeats.
+"""Encoding kernels: UTF-8 bytes -> token ids in one compiled pass.
 
-Input of the main kernel, `encode_pretokens`: the UTF-8 bytes of many pre-tokens in one flat
-uint8 buffer, int64 offsets (pre-token k is `data[offsets[k]:offsets[k + 1]]`), and the indices
-of the pre-tokens that are special tokens with their ids. Any pre-tokenizer that produces such
-offsets (the `regex` one in tokenizer.py, or a compiled scanner) can feed it.
+`encode_documents` (one cached kernel per scanner family, see `ENCODERS`) reads a batch of
+documents (UTF-8 bytes end to end, with the offsets where each ends), and for each document:
+finds the next special-token occurrence, scans the pre-tokens of the stretch before it with the
+family's scanner, looks each pre-token up, runs the byte-pair merge only when it was never seen,
+and writes the ids straight into a preallocated output; then the special token's id, and after
+each document an optional separator id. Nothing per pre-token leaves the compiled code.
+`encode_pieces` does the same for pre-tokens found by `regex` (any pattern).
 
-Data structures, all flat arrays:
+Data, all flat arrays in NamedTuples (Numba passes them as structs):
 
-- rank table: the merges as an open-addressing hash table keyed by the pair of token ids
-  (left << 32 | right), giving the merge's rank and the id of the token it creates;
-- cache: already-encoded pre-tokens, keyed by their bytes (FNV-1a hash, open addressing), each
-  entry's bytes and ids in one record of a flat arena. It has a fixed size and is emptied at once
-  when full: memory stays bounded and the frequent pre-tokens come straight back.
+- `Ranks`: the merges as an open-addressing hash table of one int64 per slot, the pair of token
+  ids (left << id_bits | right) above the pair's rank; the merged id comes from `merged`;
+- `Table` (the same layout twice): pre-tokens -> their ids. A pre-token of up to 8 bytes is
+  its own key (packed little-endian, with its length), so a lookup is one multiply and usually
+  one probe; one that encodes to a single id keeps the id in its slot. Longer ones are keyed by
+  a hash and their bytes are compared in a record. The *vocab table*, built once per tokenizer
+  and shared read-only by every thread, holds the ids of every token's own bytes: the common
+  words are found there, never merged. The *cache*, one per thread, remembers every other
+  pre-token encoded; it is emptied at once when full, so memory stays bounded.
 
-Merging follows GPT-2's `bpe()`: each round takes the pair of lowest rank anywhere in the
-pre-token and merges all its occurrences left to right, non-overlapping (`a a a` -> `aa a`).
+Two merge orders, both exact:
+
+- MERGES (GPT-2's `bpe()`, for a trained merge list): each round takes the pair of lowest rank
+  anywhere in the pre-token and merges all its occurrences left to right, non-overlapping
+  (`a a a` -> `aa a`);
+- RANKS (tiktoken's byte-pair merge, for rank files such as cl100k_base): a pre-token that is a
+  token is that token; otherwise repeatedly merge the leftmost adjacent pair whose concatenation
+  has the lowest rank, one pair at a time.
+
+Short pre-tokens merge by scanning their pairs; long ones (more than `_HEAP_ABOVE` bytes) on a
+heap of (rank, position), so no input, however long and repetitive, takes quadratic time.
+
+The kernels are compiled without Numba's reference counting (`_nrt=False`): every array they
+touch is passed in, so per pre-token no atomic counter is touched. They allocate nothing; a
+pre-token too long for the scratch space makes the kernel return and ask for more.
 """
 
 from __future__ import annotations
@@ -23,161 +43,182 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
-NO_MERGE = np.int64(np.iinfo(np.int64).max)  # sorts after every (rank << 32 | merged id)
+from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
+from .scanners.spans import BLOCK
+
+MERGES, RANKS = 0, 1  # merge orders
+NO_MERGE = np.int64(np.iinfo(np.int64).max)
 _EMPTY = np.int64(-1)
-_HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
-_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
-_FNV_PRIME = np.uint64(0x100000001B3)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
+_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+_LONG = np.int64(15)  # length code of keys longer than 8 bytes (a hash; bytes compared)
+_SINGLE = np.int64(16)  # table meta flag: the pre-token is one id, kept in the slot
+_HEAP_ABOVE = 64  # pre-tokens longer than this many bytes merge on a heap
 
 
-class RankTable(NamedTuple):
-    """Merges as a hash table over token-id pairs: pair -> (rank, merged id).
+class Ranks(NamedTuple):
+    """Which adjacent pairs merge, in which order, into what (see the module docstring)."""
 
-    Slot s is `entries[2s]`, the key (left << 32 | right, -1 where empty), and `entries[2s + 1]`,
-    the merge (rank << 32 | merged id): one probe reads one cache line, and merges compare by
-    rank as plain integers.
-    """
-
-    entries: np.ndarray  # int64; twice a power of two
-    shift: int  # 64 - log2(number of slots): the top bits of the hashed key pick the slot
+    slots: np.ndarray  # int64, a power of two: (left << id_bits | right) << rank_bits | rank
+    shift: int  # 64 - log2(len(slots))
+    id_bits: int
+    rank_bits: int
+    merged: np.ndarray  # int32: the id each rank's merge creates
     byte_ids: np.ndarray  # int32[256]: the id of each single byte
+    mode: int  # MERGES or RANKS
 
 
-class EncodeCache(NamedTuple):
-    """Encoded pre-tokens by their bytes; emptied whenever it is full.
+class Table(NamedTuple):
+    """Pre-tokens -> ids. `slots[2s]` is a key, `slots[2s + 1]` its meta: 0 where empty, else a
+    length code in bits 0-3 (1-8: the key is the bytes themselves; 15: a hash), `_SINGLE` if the
+    pre-token is one id, and from bit 5 that id or the index of its record in `records`. A
+    record is [number of ids, ids...], then for hashed keys [length, the bytes one per item]."""
 
-    `slots` is the hash table: 0 where empty, else (upper 32 bits of the key's hash) << 32 |
-    (record + 1). A record in `records` is [number of bytes, number of ids, the ids, the bytes
-    one per item], so a hit reads one slot and one record, mostly a single cache line each.
-    """
-
-    slots: np.ndarray  # int64; length a power of two
+    slots: np.ndarray  # int64; twice a power of two
     records: np.ndarray  # int32
     fill: np.ndarray  # int64[3]: items of `records` used, entries, times emptied
-    shift: int  # 64 - log2(len(slots))
+    shift: int  # 64 - log2(number of slots)
     max_entries: int  # at most half the slots, so probes stay short
-    max_key_len: int  # longer pre-tokens are not cached (rare, and would crowd out the rest)
+    max_key_len: int  # longer pre-tokens are never stored
 
 
-def build_rank_table(left: np.ndarray, right: np.ndarray, merged: np.ndarray,
-                     byte_ids: np.ndarray) -> RankTable:
-    """The rank table of merges `(left[r], right[r]) -> merged[r]`, rank r being the position.
+class Specials(NamedTuple):
+    """Special tokens: their UTF-8 bytes end to end, longest first, with offsets, their ids in
+    that order, and which bytes can start one."""
 
-    The pairs must be distinct (the caller checks, naming the duplicate).
-    """
-    n = len(left)
-    bits = max(4, int(2 * n - 1).bit_length())  # load factor at most 1/2
-    entries = _fill_rank_table(
-        np.ascontiguousarray(left, dtype=np.int32),
-        np.ascontiguousarray(right, dtype=np.int32),
-        np.ascontiguousarray(merged, dtype=np.int32),
-        bits,
-    )
-    return RankTable(entries, 64 - bits, np.ascontiguousarray(byte_ids, dtype=np.int32))
+    data: np.ndarray  # uint8
+    offsets: np.ndarray  # int64
+    ids: np.ndarray  # int32
+    first_bytes: np.ndarray  # bool[256]
 
 
-def new_cache(max_entries: int = 1 << 17, max_key_len: int = 64) -> EncodeCache:
-    """An empty cache for up to `max_entries` pre-tokens of at most `max_key_len` bytes."""
+def make_specials(tokens_and_ids) -> Specials:
+    """`Specials` from (token str, id) pairs; longest first, as `regex` alternation by length."""
+    ordered = sorted(tokens_and_ids, key=lambda item: len(item[0].encode("utf-8")), reverse=True)
+    encoded = [token.encode("utf-8") for token, _ in ordered]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    first = np.zeros(256, dtype=np.bool_)
+    for e in encoded:
+        first[e[0]] = True
+    return Specials(np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets,
+                    np.array([i for _, i in ordered], dtype=np.int32), first)
+
+
+def new_table(max_entries: int, max_key_len: int = 256) -> Table:
+    """An empty table for up to `max_entries` pre-tokens of at most `max_key_len` bytes."""
     max_entries = min(max(1, int(max_entries)), 1 << 26)
     bits = int(2 * max_entries - 1).bit_length()
-    words = max(max_entries * 12, 2 + 2 * max_key_len)  # a mean record is 8-10 items
-    return EncodeCache(
-        slots=np.zeros(1 << bits, dtype=np.int64),
-        records=np.zeros(words, dtype=np.int32),
-        fill=np.zeros(3, dtype=np.int64),
-        shift=64 - bits,
-        max_entries=max_entries,
-        max_key_len=int(max_key_len),
-    )
+    items = max(max_entries * 4, 4 + 2 * max_key_len)  # most entries need no record at all
+    return Table(np.zeros(2 << bits, dtype=np.int64), np.zeros(items, dtype=np.int32),
+                 np.zeros(3, dtype=np.int64), 64 - bits, max_entries, int(max_key_len))
 
 
-def encode_pretokens(data: np.ndarray, offsets: np.ndarray, special_slots: np.ndarray,
-                     special_ids: np.ndarray, table: RankTable, cache: EncodeCache | None) -> np.ndarray:
-    """Token ids (int32) of all pre-tokens, in order; see the module docstring for the input."""
-    if cache is None:
-        cache = _NO_CACHE
-    return _encode_pretokens(
-        data, offsets, special_slots, special_ids,
-        table.entries, table.shift, table.byte_ids,
-        cache.slots, cache.records, cache.fill, cache.shift, cache.max_entries, cache.max_key_len,
-    )
+EMPTY_TABLE = Table(np.zeros(2, np.int64), np.zeros(1, np.int32), np.zeros(3, np.int64), 63, 0, 0)
 
 
-# --- kernels -------------------------------------------------------------------------------
+def scratch_for(length: int) -> np.ndarray:
+    """Scratch space for merging pre-tokens of up to `length` bytes."""
+    return np.empty(max(_HEAP_ABOVE + 1, 8 * length + 4), dtype=np.int64)
 
 
-@njit(cache=True)
-def _fill_rank_table(left, right, merged, bits):
+# --- the rank table ---------------------------------------------------------------------------
+
+
+def build_ranks(left, right, rank, merged_of_rank, byte_ids, mode: int) -> Ranks:
+    """The `Ranks` of pairs (left[k], right[k]) with ranks rank[k]; `merged_of_rank[r]` is the id
+    rank r's merge creates. The pairs must be distinct (the caller checks, naming a duplicate)."""
+    left = np.ascontiguousarray(left, dtype=np.int64)
+    right = np.ascontiguousarray(right, dtype=np.int64)
+    rank = np.ascontiguousarray(rank, dtype=np.int64)
+    largest_id = int(max(left.max(initial=0), right.max(initial=0), 255))
+    id_bits = max(8, (largest_id + 1).bit_length())  # an all-ones id never occurs: empty slots
+    rank_bits = 64 - 2 * id_bits - 1  # the sign bit stays clear: -1 marks an empty slot
+    if rank_bits < 1 or int(rank.max(initial=0)) >= 1 << rank_bits:
+        raise ValueError(f"too many merges or ids for the rank table ({largest_id + 1:,} ids)")
+    bits = max(4, int(2 * len(left) - 1).bit_length())  # load factor at most 1/2
+    slots = _fill_ranks(left, right, rank, id_bits, rank_bits, bits)
+    return Ranks(slots, 64 - bits, id_bits, rank_bits,
+                 np.ascontiguousarray(merged_of_rank, dtype=np.int32),
+                 np.ascontiguousarray(byte_ids, dtype=np.int32), mode)
+
+
+@njit(cache=True, nogil=True)
+def _fill_ranks(left, right, rank, id_bits, rank_bits, bits):
     size = 1 << bits
-    entries = np.full(2 * size, _EMPTY, dtype=np.int64)
-    shift = 64 - bits
-    mask = size - 1
-    for r in range(left.shape[0]):
-        key = (np.int64(left[r]) << 32) | np.int64(right[r])
-        slot = np.int64((np.uint64(key) * _HASH_MULTIPLIER) >> np.uint64(shift))
-        while entries[2 * slot] != _EMPTY and entries[2 * slot] != key:
-            slot = (slot + 1) & mask
-        entries[2 * slot] = key
-        entries[2 * slot + 1] = (np.int64(r) << 32) | np.int64(merged[r])
-    return entries
+    slots = np.empty(size, dtype=np.int64)
+    for s in range(size):
+        slots[s] = _EMPTY
+    shift = np.uint64(64 - bits)
+    for k in range(left.shape[0]):
+        pair = (left[k] << id_bits) | right[k]
+        s = np.int64((np.uint64(pair) * _GOLDEN) >> shift)
+        while slots[s] != _EMPTY:
+            s = (s + 1) & (size - 1)
+        slots[s] = (pair << rank_bits) | rank[k]
+    return slots
 
 
-@njit(cache=True, inline="always")
-def _pair_merge(entries, shift, a, b):
-    """(rank << 32 | merged id) of pair (a, b), or NO_MERGE if it is not a merge."""
-    key = (np.int64(a) << 32) | np.int64(b)
-    mask = (entries.shape[0] >> 1) - 1
-    slot = np.int64((np.uint64(key) * _HASH_MULTIPLIER) >> np.uint64(shift))
+@njit(inline="always")
+def _pair_rank(ranks, a, b):
+    """The rank of pair (a, b), or NO_MERGE if it does not merge."""
+    pair = (np.int64(a) << ranks.id_bits) | np.int64(b)
+    slots = ranks.slots
+    mask = slots.shape[0] - 1
+    s = np.int64((np.uint64(pair) * _GOLDEN) >> np.uint64(ranks.shift))
     while True:
-        k = entries[2 * slot]
-        if k == key:
-            return entries[2 * slot + 1]
-        if k == _EMPTY:
+        entry = slots[s]
+        if entry == _EMPTY:
             return NO_MERGE
-        slot = (slot + 1) & mask
+        if entry >> ranks.rank_bits == pair:
+            return entry & ((np.int64(1) << ranks.rank_bits) - 1)
+        s = (s + 1) & mask
 
 
-@njit(cache=True)
-def _merge(work, merges, m, entries, shift):
-    """Merge `work[:m]` in place, GPT-2 style; return the new length.
+# --- merging one pre-token --------------------------------------------------------------------
 
-    `merges[i]` is the merge (rank << 32 | merged id) of pair (work[i], work[i + 1]). A round
-    finds the lowest, then sweeps from its first occurrence, merging every occurrence left to
-    right and updating the pairs that change; pairs between untouched tokens keep theirs.
+
+@njit(cache=True, nogil=True)
+def _merge_rounds(work, lo, m, pairs, ranks):
+    """MERGES order on work[lo:lo + m], in place; return the new length.
+
+    `pairs[i]` is the rank of the pair at lo + i. A round finds the lowest, then sweeps from its
+    first occurrence, merging every occurrence left to right and updating the pairs that change;
+    pairs between untouched tokens keep theirs. Each rank belongs to one pair, so
+    pairs[i] == best marks an occurrence. Writes go behind the reads, so the sweep is in place.
     """
     for i in range(m - 1):
-        merges[i] = _pair_merge(entries, shift, work[i], work[i + 1])
+        pairs[i] = _pair_rank(ranks, work[lo + i], work[lo + i + 1])
     while m > 1:
         best = NO_MERGE
         at = -1
         for i in range(m - 1):
-            if merges[i] < best:
-                best = merges[i]
+            if pairs[i] < best:
+                best = pairs[i]
                 at = i
         if at < 0:
             break
-        merged = np.int32(best & 0xFFFFFFFF)
-        # Each rank belongs to one pair, so merges[i] == best marks an occurrence of it. Writes
-        # go to w <= i, behind the reads, so the sweep can rewrite work and merges in place.
+        merged = ranks.merged[best]
         w = at
         i = at
         prev_copied = at > 0  # work[w - 1] is the old token at i - 1, unchanged
         while i < m:
-            if i < m - 1 and merges[i] == best:
+            if i < m - 1 and pairs[i] == best:
                 token = merged
                 copied = False
                 step = 2
             else:
-                token = work[i]
+                token = work[lo + i]
                 copied = True
                 step = 1
             if w > 0:
                 if copied and prev_copied:
-                    merges[w - 1] = merges[i - 1]
+                    pairs[w - 1] = pairs[i - 1]
                 else:
-                    merges[w - 1] = _pair_merge(entries, shift, work[w - 1], token)
-            work[w] = token
+                    pairs[w - 1] = _pair_rank(ranks, work[lo + w - 1], token)
+            work[lo + w] = token
             prev_copied = copied
             w += 1
             i += step
@@ -185,147 +226,556 @@ def _merge(work, merges, m, entries, shift):
     return m
 
 
-@njit(cache=True, inline="always")
-def _hash_bytes(data, start, end):
-    h = _FNV_OFFSET
-    for i in range(start, end):
-        h = (h ^ np.uint64(data[i])) * _FNV_PRIME
-    return h
+@njit(cache=True, nogil=True)
+def _merge_leftmost(work, lo, m, pairs, ranks):
+    """RANKS order on work[lo:lo + m], in place: merge the leftmost pair of lowest rank, one at
+    a time; return the new length."""
+    for i in range(m - 1):
+        pairs[i] = _pair_rank(ranks, work[lo + i], work[lo + i + 1])
+    while m > 1:
+        best = NO_MERGE
+        at = -1
+        for i in range(m - 1):
+            if pairs[i] < best:  # strictly lower: the leftmost wins a tie
+                best = pairs[i]
+                at = i
+        if at < 0:
+            break
+        work[lo + at] = ranks.merged[best]
+        for i in range(at + 1, m - 1):
+            work[lo + i] = work[lo + i + 1]
+            pairs[i] = pairs[i + 1]
+        m -= 1
+        if at > 0:
+            pairs[at - 1] = _pair_rank(ranks, work[lo + at - 1], work[lo + at])
+        if at < m - 1:
+            pairs[at] = _pair_rank(ranks, work[lo + at], work[lo + at + 1])
+    return m
 
 
-@njit(cache=True)
-def _encode_pretokens(data, offsets, special_slots, special_ids,
-                      entries, shift, byte_ids,
-                      slots, records, fill, cache_shift, max_entries, max_key_len):
-    n = offsets.shape[0] - 1
-    longest = 1
-    for k in range(n):
-        longest = max(longest, offsets[k + 1] - offsets[k])
-    work = np.empty(longest, dtype=np.int32)
-    merges = np.empty(longest, dtype=np.int64)
-    out = np.empty(offsets[n] - offsets[0] + 1, dtype=np.int32)  # at most one id per byte
+@njit(cache=True, nogil=True)
+def _heap_push(heap, size, key):
+    """Add `key` to the min-heap heap[:size] (which has room for one more)."""
+    i = size
+    while i > 0:
+        parent = (i - 1) >> 1
+        if heap[parent] <= key:
+            break
+        heap[i] = heap[parent]
+        i = parent
+    heap[i] = key
+
+
+@njit(cache=True, nogil=True)
+def _heap_pop(heap, size):
+    """Remove the smallest of heap[:size]; the heap then has size - 1 items."""
+    size -= 1
+    last = heap[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and heap[child + 1] < heap[child]:
+            child += 1
+        if heap[child] >= last:
+            break
+        heap[i] = heap[child]
+        i = child
+    heap[i] = last
+
+
+@njit(cache=True, nogil=True)
+def _merge_on_heap(work, lo, m, ranks, scratch):
+    """Either order on work[lo:lo + m] in O(m log m); return the new length.
+
+    Tokens form a linked list by original position; the heap holds (rank, position) of every
+    pair that may merge, as one int64 (rank << 32 | position: the leftmost first on ties).
+    An entry is stale if the pair at its position has changed since (a changed pair always has
+    another rank); it is skipped when popped. In MERGES order a round merges every occurrence
+    of one pair, so the pairs a round creates wait until it ends (GPT-2 looks for the next pair
+    only after the sweep). `scratch` holds at least 8 * m + 4 items.
+    """
+    nxt = scratch[0:m]
+    prv = scratch[m : 2 * m]
+    rank_at = scratch[2 * m : 3 * m]  # rank of the pair starting at each live position, or -1
+    heap = scratch[3 * m : 5 * m + 2]
+    waiting = scratch[5 * m + 2 : 7 * m + 4]
+    size = 0
+    n_waiting = 0
+    for i in range(m):
+        nxt[i] = i + 1 if i + 1 < m else -1
+        prv[i] = i - 1
+        rank_at[i] = -1
+    for i in range(m - 1):
+        r = _pair_rank(ranks, work[lo + i], work[lo + i + 1])
+        if r != NO_MERGE:
+            rank_at[i] = r
+            _heap_push(heap, size, (r << 32) | i)
+            size += 1
+    current_round = np.int64(-1)
+    while size > 0 or n_waiting > 0:
+        key = heap[0] if size > 0 else NO_MERGE
+        r = key >> 32
+        if ranks.mode == MERGES and n_waiting > 0 and (size == 0 or r != current_round):
+            for k in range(n_waiting):  # the round is over: its new pairs join the heap
+                _heap_push(heap, size, waiting[k])
+                size += 1
+            n_waiting = 0
+            continue
+        _heap_pop(heap, size)
+        size -= 1
+        i = key & 0xFFFFFFFF
+        if rank_at[i] != r:
+            continue  # stale: the pair at i has changed
+        current_round = r
+        j = nxt[i]
+        work[lo + i] = ranks.merged[r]
+        after = nxt[j]
+        nxt[i] = after
+        if after >= 0:
+            prv[after] = i
+        rank_at[j] = -1
+        for a in (prv[i], i):  # the pairs on either side of the new token are new
+            if a < 0:
+                continue
+            b = nxt[a]
+            q = NO_MERGE if b < 0 else _pair_rank(ranks, work[lo + a], work[lo + b])
+            rank_at[a] = -1 if q == NO_MERGE else q
+            if q == NO_MERGE:
+                continue
+            if ranks.mode == MERGES:
+                waiting[n_waiting] = (q << 32) | a
+                n_waiting += 1
+            else:
+                _heap_push(heap, size, (q << 32) | a)
+                size += 1
+    w = 0
+    i = 0  # the first token is never merged away
+    while i >= 0:
+        work[lo + w] = work[lo + i]
+        w += 1
+        i = nxt[i]
+    return w
+
+
+@njit(cache=True, nogil=True)
+def merge_piece(work, lo, m, ranks, scratch):
+    """Merge the byte ids work[lo:lo + m] in place in the table's order; return the new length.
+    `scratch` holds at least `len(scratch_for(m))` items."""
+    if m > _HEAP_ABOVE:
+        return _merge_on_heap(work, lo, m, ranks, scratch)
+    if ranks.mode == MERGES:
+        return _merge_rounds(work, lo, m, scratch, ranks)
+    return _merge_leftmost(work, lo, m, scratch, ranks)
+
+
+# --- tables of encoded pre-tokens ----------------------------------------------------------------
+
+
+@njit(inline="always")
+def _load8(buf, i):
+    """Bytes buf[i:i + 8] as a little-endian uint64 (one load: LLVM merges the byte loads)."""
+    return (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
+            | np.uint64(buf[i + 2]) << np.uint64(16) | np.uint64(buf[i + 3]) << np.uint64(24)
+            | np.uint64(buf[i + 4]) << np.uint64(32) | np.uint64(buf[i + 5]) << np.uint64(40)
+            | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
+
+
+@njit(inline="always")
+def _key(buf, start, end):
+    """(key, length code) of buf[start:end]: its bytes packed if it has at most eight, else a
+    hash of its 8-byte chunks."""
+    length = end - start
+    if length <= 8 and start + 8 <= buf.shape[0]:  # the common case: one load
+        return np.int64(_load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * length))), length
+    key = np.uint64(0)
+    i = start
+    while True:
+        if i + 8 <= end:
+            chunk = _load8(buf, i)
+        else:  # the last chunk, byte by byte
+            chunk = np.uint64(0)
+            for m in range(end - 1, i - 1, -1):
+                chunk = (chunk << np.uint64(8)) | np.uint64(buf[m])
+        if length <= 8:
+            return np.int64(chunk), length
+        key = (key ^ chunk) * _GOLDEN
+        key ^= key >> np.uint64(29)
+        i += 8
+        if i >= end:
+            return np.int64(key), _LONG
+
+
+@njit(inline="always")
+def _find(table, key, code, buf, start, length):
+    """The slot of `table` holding pre-token buf[start:start + length] (key and code from
+    `_key`), or -1 - the empty slot where it would go."""
+    slots = table.slots
+    mask = (slots.shape[0] >> 1) - 1
+    s = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(table.shift))
+    while True:
+        meta = slots[2 * s + 1]
+        if meta == 0:
+            return -1 - s
+        if slots[2 * s] == key and (meta & 15) == code:
+            if code != _LONG:
+                return s
+            records = table.records
+            r = meta >> 5
+            at = r + 1 + records[r]  # the length, then the bytes
+            if records[at] == length:
+                same = True
+                for m in range(length):
+                    if records[at + 1 + m] != buf[start + m]:
+                        same = False
+                        break
+                if same:
+                    return s
+        s = (s + 1) & mask
+
+
+@njit(inline="always")
+def _copy_ids(table, s, out, w):
+    """Write the ids stored at slot s to out[w:]; return how many."""
+    meta = table.slots[2 * s + 1]
+    if meta & _SINGLE:
+        out[w] = np.int32(meta >> 5)
+        return 1
+    r = meta >> 5
+    m = table.records[r]
+    for i in range(m):
+        out[w + i] = table.records[r + 1 + i]
+    return m
+
+
+@njit(cache=True, nogil=True)
+def _store(table, key, code, slot, buf, start, length, ids, w, m):
+    """Store pre-token buf[start:start + length] -> ids[w:w + m] at `slot` (from `_find`);
+    empty the table first if it is full."""
+    slots = table.slots
+    records = table.records
+    fill = table.fill
+    need = 0 if (m == 1 and code != _LONG) else 1 + m + (length + 1 if code == _LONG else 0)
+    r = fill[0]
+    if fill[1] >= table.max_entries or r + need > records.shape[0]:
+        for s in range(slots.shape[0]):  # full: start again empty (bounded memory)
+            slots[s] = 0
+        fill[0] = 0
+        fill[1] = 0
+        fill[2] += 1
+        r = 0
+        slot = -1 - _find(table, key, code, buf, start, length)
+    slots[2 * slot] = key
+    if need == 0:
+        slots[2 * slot + 1] = code | _SINGLE | (np.int64(ids[w]) << 5)
+    else:
+        records[r] = m
+        for i in range(m):
+            records[r + 1 + i] = ids[w + i]
+        if code == _LONG:
+            records[r + 1 + m] = length
+            for i in range(length):
+                records[r + 2 + m + i] = buf[start + i]
+        slots[2 * slot + 1] = code | (r << 5)
+        fill[0] = r + need
+    fill[1] += 1
+
+
+@njit(cache=True, nogil=True)
+def _encode_new(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, scratch):
+    """Encode pre-token buf[start:end], not in the cache, into out[w:]: from the vocab table if
+    its bytes are a token's, else by merging; remember it in `cache` if it may be (`slot` from
+    `_find`, or 0 if it is too long); return the number of ids."""
+    length = end - start
+    m = 0
+    if length <= vocab.max_key_len:
+        s = _find(vocab, key, code, buf, start, length)
+        if s >= 0:
+            m = _copy_ids(vocab, s, out, w)
+    if m == 0:
+        for i in range(length):
+            out[w + i] = ranks.byte_ids[buf[start + i]]
+        m = merge_piece(out, w, length, ranks, scratch)
+    if slot < 0:
+        _store(cache, key, code, -1 - slot, buf, start, length, out, w, m)
+    return m
+
+
+@njit(inline="always")
+def _encode_piece(buf, start, end, out, w, ranks, vocab, cache, scratch):
+    """Write the ids of pre-token buf[start:end] to out[w:]; return the new w."""
+    length = end - start
+    if length == 1:
+        out[w] = ranks.byte_ids[buf[start]]
+        return w + 1
+    slot = np.int64(0)
+    key = np.int64(0)
+    code = np.int64(0)
+    if length <= cache.max_key_len or length <= vocab.max_key_len:
+        key, code = _key(buf, start, end)
+        if length <= cache.max_key_len:
+            slot = _find(cache, key, code, buf, start, length)
+            if slot >= 0:
+                return w + _copy_ids(cache, slot, out, w)
+    return w + _encode_new(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, scratch)
+
+
+# --- the one pass ------------------------------------------------------------------------------
+
+
+@njit(inline="always")
+def _next_special(buf, i, end, specials):
+    """(where, which): the first special-token occurrence in buf[i:end], the longest at that
+    place (tokens come longest first), or (end, -1)."""
+    offsets = specials.offsets
+    n_tokens = offsets.shape[0] - 1
+    if n_tokens == 0:
+        return end, -1
+    while i < end:
+        if specials.first_bytes[buf[i]]:
+            for t in range(n_tokens):
+                lo = offsets[t]
+                length = offsets[t + 1] - lo
+                if i + length > end:
+                    continue
+                same = True
+                for m in range(length):
+                    if buf[i + m] != specials.data[lo + m]:
+                        same = False
+                        break
+                if same:
+                    return i, t
+        i += 1
+    return end, -1
+
+
+# Inlined (at Numba IR level) into each family's own kernel: the scanner arguments are then
+# constants the compiled code never needs, so the kernel can be cached (a dispatcher passed at
+# run time would be a process-specific address, which Numba refuses to cache).
+@njit(inline="always")
+def encode_documents(scanner, block_scanner, buf, table, doc_ends, separator, specials, ranks,
+                     vocab, cache, scratch, out, doc_out_ends, out_base, doc, i):
+    """Encode documents doc, doc + 1, ... of `buf` (document d ends at doc_ends[d]; the first
+    starts at byte i) into `out`; return (ids written, next document, next byte, need).
+
+    Each document is a text of its own; special tokens are cut out of it (longest first) and
+    become their ids; after each document comes `separator` unless it is negative. Stops early,
+    at the start of a pre-token, when `out` might not hold its ids, or when `scratch` is too
+    small to merge it (then `need` is its length, else 0): call again from there with room.
+    `doc_out_ends[d]` receives out_base + the number of ids written up to the end of document d.
+    """
+    cap = out.shape[0]
+    w = 0
+    n_docs = doc_ends.shape[0]
+    while doc < n_docs:
+        end = doc_ends[doc]
+        while i < end:
+            stop, which = _next_special(buf, i, end, specials)
+            while i < stop:
+                bits = np.uint64(0)
+                if i + BLOCK <= stop:
+                    bits = block_scanner(buf, table, i)
+                if bits:  # a block of pre-tokens, each ending at a set bit
+                    if w + BLOCK > cap:
+                        return w, doc, i, 0
+                    base = i
+                    while bits:
+                        j = base + np.int64(trailing_zeros(bits))
+                        bits &= bits - np.uint64(1)
+                        w = _encode_piece(buf, i, j, out, w, ranks, vocab, cache, scratch)
+                        i = j
+                    continue
+                j = scanner(buf, table, i, stop)
+                if w + (j - i) > cap:
+                    return w, doc, i, 0
+                if j - i > _HEAP_ABOVE and 8 * (j - i) + 4 > scratch.shape[0]:
+                    return w, doc, i, j - i
+                w = _encode_piece(buf, i, j, out, w, ranks, vocab, cache, scratch)
+                i = j
+            if which >= 0:
+                if w + 1 > cap:
+                    return w, doc, i, 0
+                out[w] = specials.ids[which]
+                w += 1
+                i = stop + specials.offsets[which + 1] - specials.offsets[which]
+        if separator >= 0:
+            if w + 1 > cap:
+                return w, doc, i, 0
+            out[w] = separator
+            w += 1
+        doc_out_ends[doc] = out_base + w
+        doc += 1
+    return w, doc, i, 0
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def encode_gpt2(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
+                doc_out_ends, out_base, doc, i):
+    """`encode_documents` with GPT-2's scanner."""
+    return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, buf, table, doc_ends,
+                            separator, specials, ranks, vocab, cache, scratch, out, doc_out_ends,
+                            out_base, doc, i)
+
+
+ENCODERS = {"gpt2": encode_gpt2}  # scanner family -> its `encode_documents` kernel
+
+
+def encoder_for(family: str):
+    """(class table, encode kernel) of a scanner family."""
+    from .scanners import gpt2
+
+    tables = {"gpt2": gpt2.class_table}
+    return tables[family](), ENCODERS[family]
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def encode_pieces(buf, offsets, special_slots, special_ids, ranks, vocab, cache, scratch, out):
+    """The ids of pre-tokens found elsewhere (by `regex`): piece k is buf[offsets[k]:offsets[k+1]],
+    and the pieces listed in `special_slots` are special tokens with ids `special_ids`.
+    `out` holds one id per byte, `scratch` enough for the longest piece; returns how many ids
+    were written."""
     w = 0
     next_special = 0
-    n_special = special_slots.shape[0]
-    slot_mask = slots.shape[0] - 1
-    room = records.shape[0]
-    high = np.uint64(0xFFFFFFFF00000000)
-
-    for k in range(n):
-        if next_special < n_special and special_slots[next_special] == k:
+    for k in range(offsets.shape[0] - 1):
+        if next_special < special_slots.shape[0] and special_slots[next_special] == k:
             out[w] = special_ids[next_special]
             w += 1
             next_special += 1
-            continue
-        start = offsets[k]
-        end = offsets[k + 1]
+        elif offsets[k + 1] > offsets[k]:
+            w = _encode_piece(buf, offsets[k], offsets[k + 1], out, w, ranks, vocab, cache, scratch)
+    return w
+
+
+# --- the vocab table ---------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _fill_vocab_table(token_bytes, token_offsets, token_ids, ranks, table, scratch, work):
+    """Store every token of two or more bytes with the ids its own bytes encode to: in RANKS
+    order the token itself (tiktoken's rule), in MERGES order whatever the merges make of them
+    (nearly always the token too, but a merge list need not promise it)."""
+    for t in range(token_ids.shape[0]):
+        start = token_offsets[t]
+        end = token_offsets[t + 1]
         length = end - start
-        if length == 1:
-            out[w] = byte_ids[data[start]]
-            w += 1
+        if length < 2 or length > table.max_key_len:
             continue
-        if length == 0:
-            continue
-
-        cacheable = length <= max_key_len
-        tag = np.int64(0)
-        slot = np.int64(0)
-        if cacheable:
-            h = _hash_bytes(data, start, end)
-            tag = np.int64(h & high)
-            slot = np.int64((h * _HASH_MULTIPLIER) >> np.uint64(cache_shift))
-            found = -1
-            while slots[slot] != 0:
-                entry = slots[slot]
-                if (entry & np.int64(high)) == tag:
-                    r = (entry & 0xFFFFFFFF) - 1
-                    if records[r] == length:
-                        key = r + 2 + records[r + 1]
-                        same = True
-                        for i in range(length):
-                            if records[key + i] != data[start + i]:
-                                same = False
-                                break
-                        if same:
-                            found = r
-                            break
-                slot = (slot + 1) & slot_mask
-            if found >= 0:
-                for i in range(found + 2, found + 2 + records[found + 1]):
-                    out[w] = records[i]
-                    w += 1
-                continue
-
-        for i in range(length):
-            work[i] = byte_ids[data[start + i]]
-        m = _merge(work, merges, length, entries, shift)
-        for i in range(m):
-            out[w + i] = work[i]
-        w += m
-
-        if cacheable:
-            r = fill[0]
-            if fill[1] == max_entries or r + 2 + m + length > room:
-                slots[:] = 0  # full: start again empty (bounded memory, simple eviction)
-                fill[0] = 0
-                fill[1] = 0
-                fill[2] += 1
-                r = 0
-                slot = np.int64((h * _HASH_MULTIPLIER) >> np.uint64(cache_shift))
-            records[r] = length
-            records[r + 1] = m
-            for i in range(m):
-                records[r + 2 + i] = work[i]
+        key, code = _key(token_bytes, start, end)
+        slot = _find(table, key, code, token_bytes, start, length)
+        if slot >= 0:
+            continue  # the same bytes twice: the first (lowest) id stays
+        if ranks.mode == RANKS:
+            work[0] = token_ids[t]
+            m = 1
+        else:
             for i in range(length):
-                records[r + 2 + m + i] = data[start + i]
-            slots[slot] = tag | (r + 1)
-            fill[0] = r + 2 + m + length
-            fill[1] += 1
-    return out[:w]
+                work[i] = ranks.byte_ids[token_bytes[start + i]]
+            m = merge_piece(work, 0, length, ranks, scratch)
+        _store(table, key, code, -1 - slot, token_bytes, start, length, work, 0, m)
 
 
-@njit(cache=True)
-def char_to_byte_offsets(data, char_lengths):
-    """Byte offsets of consecutive pieces of valid UTF-8 `data` given their lengths in characters."""
-    n = char_lengths.shape[0]
-    offsets = np.empty(n + 1, dtype=np.int64)
-    b = 0
-    offsets[0] = 0
-    for k in range(n):
-        for _ in range(char_lengths[k]):
-            lead = data[b]
-            if lead < 0x80:
-                b += 1
-            elif lead < 0xE0:
-                b += 2
-            elif lead < 0xF0:
-                b += 3
-            else:
-                b += 4
-        offsets[k + 1] = b
-    return offsets
+def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_ids: np.ndarray,
+                      ranks: Ranks) -> Table:
+    """The vocab table of the tokens token_bytes[token_offsets[k]:token_offsets[k + 1]] with
+    ids token_ids[k], in order of preference (see `_fill_vocab_table`)."""
+    lengths = np.diff(token_offsets)
+    longest = int(lengths.max(initial=2))
+    n = int((lengths > 1).sum())
+    table = Table(*new_table(max(n, 1), longest)[:4], max(n, 1) + 1, longest)
+    extra = 2 * int(lengths[lengths > 1].sum()) + 3 * n + 64  # records: at most 2 + 2 * length
+    table = table._replace(records=np.zeros(max(len(table.records), extra), dtype=np.int32))
+    _fill_vocab_table(token_bytes, token_offsets, np.ascontiguousarray(token_ids, np.int32),
+                      ranks, table, scratch_for(longest), np.empty(longest, np.int32))
+    return table
 
 
-@njit(cache=True)
-def gather_token_bytes(ids, token_offsets, token_bytes):
-    """The bytes of tokens `ids` (all known to be valid) laid end to end."""
-    total = 0
-    for i in ids:
-        total += token_offsets[i + 1] - token_offsets[i]
-    out = np.empty(total, dtype=np.uint8)
-    w = 0
-    for i in ids:
-        for j in range(token_offsets[i], token_offsets[i + 1]):
-            out[w] = token_bytes[j]
-            w += 1
-    return out
+@njit(cache=True, nogil=True)
+def _split_pairs(token_bytes, token_offsets, token_ids, byte_ids, vocab):
+    """(left, right, rank) of every way to cut a token into two tokens: the pairs that merge
+    in RANKS order, each ranked by the token it makes (ids are ranks)."""
+    n = 0
+    for t in range(token_ids.shape[0]):
+        i = token_ids[t]
+        n += max(0, token_offsets[i + 1] - token_offsets[i] - 1)
+    left = np.empty(n, dtype=np.int64)
+    right = np.empty(n, dtype=np.int64)
+    rank = np.empty(n, dtype=np.int64)
+    k = 0
+    for t in range(token_ids.shape[0]):
+        i = token_ids[t]
+        start = token_offsets[i]
+        end = token_offsets[i + 1]
+        for cut in range(start + 1, end):
+            a = _token_id(token_bytes, start, cut, byte_ids, vocab)
+            b = _token_id(token_bytes, cut, end, byte_ids, vocab)
+            if a >= 0 and b >= 0:
+                left[k] = a
+                right[k] = b
+                rank[k] = i
+                k += 1
+    return left[:k], right[:k], rank[:k]
 
 
-_NO_CACHE = EncodeCache(
-    slots=np.zeros(1, dtype=np.int64),
-    records=np.zeros(1, dtype=np.int32),
-    fill=np.zeros(3, dtype=np.int64),
-    shift=63,
-    max_entries=0,
-    max_key_len=0,  # nothing is cacheable
-)
+@njit(inline="always")
+def _token_id(buf, start, end, byte_ids, vocab):
+    """The id of token buf[start:end] (from the vocab table in RANKS order), or -1."""
+    if end - start == 1:
+        return byte_ids[buf[start]]
+    if end - start > vocab.max_key_len:
+        return -1
+    key, code = _key(buf, start, end)
+    s = _find(vocab, key, code, buf, start, end - start)
+    if s < 0:
+        return -1
+    return np.int64(vocab.slots[2 * s + 1] >> 5)
+
+
+def build_split_ranks(token_bytes, token_offsets, token_ids, byte_ids, n_vocab: int) -> Ranks:
+    """The `Ranks` of a rank file (RANKS order; ids are ranks) whose regular tokens are
+    `token_ids`: every pair of tokens whose joined bytes are a token merges into it."""
+    placeholder = Ranks(np.full(16, _EMPTY), 60, 8, 47, np.zeros(1, np.int32),
+                        np.ascontiguousarray(byte_ids, dtype=np.int32), RANKS)
+    vocab = build_vocab_table(token_bytes, token_offsets, token_ids, placeholder)
+    left, right, rank = _split_pairs(token_bytes, token_offsets,
+                                     np.ascontiguousarray(token_ids, dtype=np.int64),
+                                     placeholder.byte_ids, vocab)
+    return build_ranks(left, right, rank, np.arange(n_vocab, dtype=np.int32), byte_ids, RANKS)
+
+
+# --- driving the kernels -------------------------------------------------------------------------
+
+
+class ThreadState:
+    """What one thread's encoding writes to: its cache and its merge scratch (grown on demand)."""
+
+    def __init__(self, cache_size: int):
+        self.cache = new_table(cache_size) if cache_size else EMPTY_TABLE
+        self.scratch = scratch_for(512)
+
+
+def run_encoder(kernel, buf, table, doc_ends, separator, specials: Specials, ranks: Ranks,
+                vocab: Table, state: ThreadState, doc_out_ends=None):
+    """All ids (int32) of the documents of `buf` (UTF-8, validated) with `kernel`, growing the
+    output and the scratch when the kernel asks; `doc_out_ends`, if given, receives where each
+    document's ids end."""
+    n_docs = len(doc_ends)
+    if doc_out_ends is None:
+        doc_out_ends = np.empty(n_docs, dtype=np.int64)
+    # At most one id per byte, plus the separators: one allocation in nearly every case.
+    out = np.empty(len(buf) + (n_docs if separator >= 0 else 0) + 1, dtype=np.int32)
+    parts = []
+    total = w = 0
+    doc = i = 0
+    while doc < n_docs:
+        w, doc, i, need = kernel(buf, table, doc_ends, separator, specials, ranks, vocab,
+                                 state.cache, state.scratch, out, doc_out_ends, total, doc, i)
+        total += w
+        if doc < n_docs:
+            parts.append(out[:w].copy())
+            if need:
+                state.scratch = scratch_for(need)
+    if not parts:
+        return out[:w]
+    parts.append(out[:w])
+    return np.concatenate(parts)

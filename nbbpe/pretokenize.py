@@ -26,7 +26,7 @@ from .corpus import (
     first_invalid_utf8_error,
     read_range,
 )
-from .workers import WorkerPool
+from .workers import WorkerPool, default_num_workers
 
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 CL100K_PATTERN = (
@@ -169,13 +169,6 @@ class _ChunkCounter:
 
     def finish(self):
         return self.counter.result()
-
-
-def default_num_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def count_pretokens_in_file(

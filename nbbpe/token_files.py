@@ -43,10 +43,9 @@ from .corpus import (
     first_invalid_utf8_error,
     read_range,
 )
-from .pretokenize import default_num_workers
 from .tokenizer import Tokenizer
 from .vocab_files import write_text_atomically
-from .workers import WorkerPool
+from .workers import WorkerPool, default_num_workers
 
 SIDECAR_SUFFIX = ".json"
 PARTIAL_SUFFIX = ".partial"

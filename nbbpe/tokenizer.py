@@ -1,46 +1,43 @@
-"""The Tokenizer: text <-> token ids with a trained (vocab, merges).
+"""The Tokenizer: text <-> token ids with a trained (vocab, merges), or a tiktoken rank file.
 
-Encoding is three steps over a block of text (at most about `BLOCK_CHARS` characters at a time):
+Building a Tokenizer is plain Python and NumPy (the ids of every merge, the token bytes by id);
+no compiled code runs until the first encode, which builds the kernels' tables once (`_Engine`).
 
-1. pre-tokenization (`Tokenizer._pretokenize`): special tokens are cut out (longest first), the
-   text between them is split with the pattern, and all pieces become one flat UTF-8 buffer with
-   int64 offsets. This is the only step that knows about `regex`; a compiled scanner producing
-   the same offsets can replace it;
-2. the `encode_pretokens` kernel (encode.py) turns all pieces of the block into ids at once;
-3. blocks are cut only where the ids cannot depend on what follows (`Tokenizer._safe_cut`), so
-   long texts and streams give exactly the ids of the whole text.
+Encoding, for the patterns a compiled scanner implements (GPT-2's, cl100k's, o200k's), is one
+kernel call over the UTF-8 bytes of the text (`encode.encode_documents`): pre-tokens, special
+tokens and ids in one pass. For any other pattern, `regex` finds the pre-tokens (`_pretokenize`)
+and a kernel encodes them (`encode.encode_pieces`), a block of text at a time; blocks are cut
+only where the ids cannot depend on what follows (`_safe_cut`), so long texts and streams give
+exactly the ids of the whole text.
+
+Threads: the kernels release the GIL. The tables are shared read-only; each thread encodes with
+its own cache of encoded pre-tokens (`encode.ThreadState`), so one Tokenizer may be used from
+many threads at once, and `encode_batch` spreads a batch over threads.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import regex
 
-from .encode import (
-    build_rank_table,
-    char_to_byte_offsets,
-    encode_pretokens,
-    gather_token_bytes,
-    new_cache,
-)
-from .pretokenize import (
-    GPT2_PATTERN,
-    special_token_regex,
-    uses_compiled_pretokenizer,
-    validate_special_tokens,
-)
-from .pretokenize_kernels import SpecialTokenSplitter, scan_gpt2
+from .patterns import GPT2_PATTERN, scanner_family
+from .pretokenize import special_token_regex, validate_special_tokens
 from .vocab_files import (
     Merges,
     Vocab,
     check_merges,
     check_vocab,
     load_hf_tokenizer_json,
+    load_tiktoken_file,
     load_tokenizer_config,
     load_vocab_and_merges,
+    merges_from_ranks,
     save_gpt2_files,
     save_hf_tokenizer_json,
     save_pickle_files,
@@ -49,10 +46,13 @@ from .vocab_files import (
     tiktoken_ranks,
 )
 
-BLOCK_CHARS = 1 << 20  # characters encoded per kernel call: bounds the temporary lists
+BLOCK_CHARS = 1 << 20  # characters per regex-path kernel call and per stream block
+MERGE_ORDERS = ("merges", "ranks")
+PRETOKENIZERS = ("auto", "compiled", "regex")
 _MAX_ID = (1 << 31) - 1  # ids are int32 in the kernels
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
 _NO_IDS = np.zeros(0, dtype=np.int32)
+_SMALL_BATCH_BYTES = 1 << 16  # below this a batch is not worth a second thread
 
 # Where a block may end: between a pre-token and a following whitespace character. With GPT-2's
 # pattern a non-space character followed by a space always ends a pre-token, and the matches
@@ -63,24 +63,26 @@ _OTHER_CUT = regex.compile(r"(?r)[\p{L}\p{N}]\s")
 
 
 class Tokenizer:
-    """Byte-level BPE: `encode`, `encode_iterable`, `decode` with a (vocab, merges) pair.
+    """Byte-level BPE: `encode`, `encode_batch`, `encode_iterable`, `decode` and file formats.
 
     `vocab` maps id -> token bytes and must hold all 256 single bytes; `merges` lists the
-    (left, right) byte pairs in order of priority. Special tokens are appended to the vocab
-    (next free ids, in the order given) unless their bytes are already in it; in text they are
-    matched longest first and always become their one id. Merges are applied inside each
-    pre-token, lowest rank first, as GPT-2 does.
+    (left, right) byte pairs in order of priority, applied inside each pre-token lowest rank
+    first as GPT-2 does. (`from_tiktoken_file` builds one that merges by the rank of the joined
+    token instead, as tiktoken does.) Special tokens are appended to the vocab (next free ids,
+    in the order given) unless their bytes are already in it; in text they are matched longest
+    first and always become their one id.
 
     Text with lone surrogates (not encodable as UTF-8) is encoded as tiktoken does: they become
-    U+FFFD first. `encode_iterable` and long texts are cut into blocks only where the cut cannot
-    change the ids; for patterns other than GPT-2's and cl100k's this assumes a pre-token always
-    ends between a letter or digit and a following whitespace character.
+    U+FFFD first. For patterns other than the built-in ones, blocks of long texts and streams
+    are cut where a pre-token ends between a letter or digit and a following whitespace
+    character; such a pattern must end its pre-tokens there too.
 
-    Options: `pattern`, the pre-tokenization regex (GPT-2's by default); `pretokenizer`, "auto"
-    (the compiled scanner for GPT-2's pattern, `regex` for any other) or "regex" (the reference
-    path, for any pattern); `cache_size`, how many
-    encoded pre-tokens to remember (0: none); `block_chars`, how much text goes to the kernel at
-    once (it bounds the temporary memory; the ids do not depend on it).
+    Options: `pattern`, the pre-tokenization regex (GPT-2's by default); `pretokenizer`,
+    "auto" (a compiled scanner for GPT-2's, cl100k's and o200k's patterns, `regex` for any
+    other), "compiled" (require one) or "regex" (the reference path, for any pattern);
+    `cache_size`, how many encoded pre-tokens each thread remembers (0: none); `block_chars`,
+    how much text the `regex` path encodes per kernel call (it bounds temporary memory; the ids
+    do not depend on it).
     """
 
     def __init__(
@@ -96,18 +98,35 @@ class Tokenizer:
     ):
         vocab = check_vocab(vocab)
         merges = check_merges(merges)
-        specials = validate_special_tokens(special_tokens)
+        self._setup(vocab, merges, validate_special_tokens(special_tokens), None, pattern,
+                    pretokenizer, cache_size, block_chars)
+
+    def _setup(self, vocab: Vocab, merges: Merges | None, specials: list[str],
+               special_ids: dict[str, int] | None, pattern, pretokenizer, cache_size, block_chars):
+        """Check everything and lay out the model as arrays; `merges` None means RANKS order
+        (ids are ranks); `special_ids`, if given, fixes the special tokens' ids."""
         if not isinstance(pattern, str):
             raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
         compiled = regex.compile(pattern)
         if compiled.groups:
             raise ValueError(f"pattern {pattern!r} has capturing groups; use (?:...) so that "
                              "findall returns whole matches")
+        if pretokenizer not in PRETOKENIZERS:
+            raise ValueError(f"pretokenizer must be one of {PRETOKENIZERS}, got {pretokenizer!r}")
+        family = scanner_family(pattern)
+        if pretokenizer == "compiled" and family is None:
+            raise ValueError("no compiled pre-tokenizer implements this pattern; it implements "
+                             "GPT-2's, cl100k's and o200k's (nbbpe.GPT2_PATTERN, CL100K_PATTERN, "
+                             "O200K_PATTERN); use pretokenizer='regex' or 'auto'")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
+            raise ValueError(f"cache_size must be a non-negative int, got {cache_size!r}")
+        if isinstance(block_chars, bool) or not isinstance(block_chars, int) or block_chars < 1:
+            raise ValueError(f"block_chars must be a positive int, got {block_chars!r}")
+        if vocab and max(vocab) > _MAX_ID:
+            raise ValueError(f"vocab id {max(vocab)} is too large (ids must be below 2**31)")
 
         ids: dict[bytes, int] = {}
         for i, token in vocab.items():
-            if i > _MAX_ID:
-                raise ValueError(f"vocab id {i} is too large (ids must be below 2**31)")
             ids.setdefault(token, i)  # the same bytes twice: the lower id encodes them
         next_id = max(vocab, default=-1) + 1
         self._special_ids: dict[str, int] = {}
@@ -116,55 +135,40 @@ class Tokenizer:
                 data = token.encode("utf-8")
             except UnicodeEncodeError:
                 raise ValueError(f"special token {token!r} cannot be encoded as UTF-8") from None
-            if data not in ids:
+            if special_ids is not None:
+                i = special_ids[token]
+                if i in vocab and vocab[i] != data:
+                    raise ValueError(f"special token {token!r} has id {i}, which the vocab gives "
+                                     f"to {vocab[i]!r}")
+                vocab[i] = data
+                next_id = max(next_id, i + 1)
+            elif data not in ids:
                 vocab[next_id] = data
                 ids[data] = next_id
                 next_id += 1
-            self._special_ids[token] = ids[data]
+            self._special_ids[token] = special_ids[token] if special_ids is not None else ids[data]
         missing = [b for b in range(256) if bytes([b]) not in ids]
         if missing:
             raise ValueError(
                 f"the vocab lacks {len(missing)} of the 256 single bytes (first: "
                 f"{bytes([missing[0]])!r}); byte-level BPE needs them all to encode any text"
             )
+        if merges is not None:
+            self._merge_ids = _merge_ids(merges, ids)
 
-        left = np.empty(len(merges), dtype=np.int32)
-        right = np.empty(len(merges), dtype=np.int32)
-        merged = np.empty(len(merges), dtype=np.int32)
-        seen: dict[tuple[bytes, bytes], int] = {}
-        for r, (a, b) in enumerate(merges):
-            for side in (a, b):
-                if side not in ids:
-                    raise ValueError(f"merge {r} {(a, b)!r}: {side!r} is not in the vocab")
-            if a + b not in ids:
-                raise ValueError(f"merge {r} {(a, b)!r}: the merged token {a + b!r} is not in the vocab")
-            if (a, b) in seen:
-                raise ValueError(f"merge {(a, b)!r} is listed twice (ranks {seen[(a, b)]} and {r})")
-            seen[(a, b)] = r
-            left[r], right[r], merged[r] = ids[a], ids[b], ids[a + b]
-
-        self.vocab: Vocab = vocab
-        self.merges: Merges = merges
+        self.vocab: Vocab = vocab if merges is None else dict(sorted(vocab.items()))
+        self._merges = merges
+        self.merge_order = "merges" if merges is not None else "ranks"
         self.special_tokens: list[str] = specials
         self.pattern = pattern
         self.n_vocab = next_id
-        self._table = build_rank_table(
-            left, right, merged, np.array([ids[bytes([b])] for b in range(256)], dtype=np.int32)
-        )
-        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
-            raise ValueError(f"cache_size must be a non-negative int, got {cache_size!r}")
-        self._cache = new_cache(cache_size) if cache_size else None
-        if isinstance(block_chars, bool) or not isinstance(block_chars, int) or block_chars < 1:
-            raise ValueError(f"block_chars must be a positive int, got {block_chars!r}")
+        self._max_id = next_id - 1
+        self._byte_ids = np.array([ids[bytes([b])] for b in range(256)], dtype=np.int32)
+        self._family = None if pretokenizer == "regex" else family
+        self._cache_size = cache_size
         self._block_chars = block_chars
-
         self._findall = compiled.findall
-        self._cut = _GPT2_CUT if pattern == GPT2_PATTERN else _OTHER_CUT
-        # The compiled scanner (pretokenize_kernels) does GPT-2's pattern; regex does any other.
-        self._compiled = uses_compiled_pretokenizer(pattern, pretokenizer)
-        if self._compiled:
-            self._splitter = SpecialTokenSplitter(specials)
-            self._special_id_array = np.array([self._special_ids[t] for t in specials], np.int32)
+        self._cut = _GPT2_CUT if scanner_family(pattern) == "gpt2" else _OTHER_CUT
         if specials:
             self._special_split = regex.compile(f"({special_token_regex(specials).pattern})").split
             self._special_finditer = special_token_regex(specials).finditer
@@ -172,16 +176,18 @@ class Tokenizer:
         else:
             self._special_split = None
             self._longest_special = 0
-
-        # decoding: token bytes by id in one arena; ids never given have length -1
-        self._token_offsets = np.zeros(next_id + 1, dtype=np.int64)
+        # Token bytes by id in one arena (decoding, the vocab table); ids never given: length -1.
         lengths = np.full(next_id, -1, dtype=np.int64)
-        for i, token in vocab.items():
-            lengths[i] = len(token)
+        lengths[np.fromiter(self.vocab, dtype=np.int64, count=len(self.vocab))] = np.fromiter(
+            map(len, self.vocab.values()), dtype=np.int64, count=len(self.vocab))
         self._known = lengths >= 0
+        self._token_offsets = np.zeros(next_id + 1, dtype=np.int64)
         np.cumsum(np.maximum(lengths, 0), out=self._token_offsets[1:])
-        self._token_bytes = np.frombuffer(b"".join(vocab[i] for i in sorted(vocab)), dtype=np.uint8)
-        self._max_id = next_id - 1
+        self._token_bytes = np.frombuffer(b"".join(self.vocab[i] for i in sorted(self.vocab)),
+                                          dtype=np.uint8)
+        self._engine = None
+        self._engine_lock = threading.Lock()
+        self._threads = threading.local()
 
     # --- files ----------------------------------------------------------------------------
 
@@ -191,6 +197,37 @@ class Tokenizer:
         """Load GPT-2 style `vocab.json` + `merges.txt`, or the pickled vocab and merges."""
         vocab, merges = load_vocab_and_merges(vocab_path, merges_path)
         return cls(vocab, merges, special_tokens, **options)
+
+    @classmethod
+    def from_tiktoken_file(cls, path, pattern: str,
+                           special_tokens: Sequence[str] | dict[str, int] | None = None,
+                           **options) -> Tokenizer:
+        """Load a tiktoken `.tiktoken` rank file (one "base64(token) rank" line per token).
+
+        Ids are the ranks, and pre-tokens are encoded as tiktoken does: one that is a token is
+        that token; otherwise the leftmost adjacent pair whose joined bytes have the lowest rank
+        merges first, one pair at a time. `special_tokens` is a list (ids follow the largest
+        rank) or a {token: id} dict, as tiktoken's encodings define them, e.g. for cl100k_base
+        `{"<|endoftext|>": 100257}`.
+        """
+        ranks = load_tiktoken_file(path)
+        vocab = {rank: token for token, rank in ranks.items()}
+        if len(vocab) != len(ranks):
+            raise ValueError(f"{os.fspath(path)}: two tokens have the same rank")
+        if isinstance(special_tokens, dict):
+            special_ids = dict(special_tokens)
+            for token, i in special_ids.items():
+                if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= _MAX_ID:
+                    raise ValueError(f"special token {token!r}: id {i!r} is not an id")
+            specials = validate_special_tokens(list(special_ids))
+        else:
+            specials = validate_special_tokens(special_tokens)
+            base = max(vocab) + 1
+            special_ids = {token: base + k for k, token in enumerate(specials)}
+        tokenizer = cls.__new__(cls)
+        options.setdefault("pattern", pattern)
+        tokenizer._setup(vocab, None, specials, special_ids, **_options(options))
+        return tokenizer
 
     @classmethod
     def from_tokenizer_json(cls, path, **options) -> Tokenizer:
@@ -204,17 +241,28 @@ class Tokenizer:
     def load(cls, directory, **options) -> Tokenizer:
         """Load what `save(directory)` wrote."""
         config = load_tokenizer_config(directory)
+        options.setdefault("pattern", config.get("pattern", GPT2_PATTERN))
+        if config.get("merge_order", "merges") == "ranks":
+            return cls.from_tiktoken_file(os.path.join(directory, "ranks.tiktoken"),
+                                          special_tokens=config.get("special_token_ids", {}),
+                                          **options)
         vocab, merges = load_vocab_and_merges(
             os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt")
         )
-        options.setdefault("pattern", config.get("pattern", GPT2_PATTERN))
         return cls(vocab, merges, config.get("special_tokens", []), **options)
 
     def save(self, directory) -> list[str]:
-        """Write `vocab.json`, `merges.txt` (GPT-2 format) and `nbbpe.json` (special tokens,
-        pattern) into `directory`; `Tokenizer.load(directory)` reads them back."""
-        paths = list(save_gpt2_files(self.vocab, self.merges, directory))
-        return paths + [save_tokenizer_config(directory, self.special_tokens, self.pattern)]
+        """Write the tokenizer into `directory`, for `Tokenizer.load`: `vocab.json` and
+        `merges.txt` (GPT-2 format), or for one that merges by rank its `ranks.tiktoken`; and
+        `nbbpe.json` (special tokens, pattern, merge order)."""
+        if self.merge_order == "ranks":
+            os.makedirs(directory, exist_ok=True)
+            paths = [save_tiktoken_ranks(self.vocab, self.special_tokens,
+                                         os.path.join(directory, "ranks.tiktoken"))]
+        else:
+            paths = list(save_gpt2_files(self.vocab, self.merges, directory))
+        return paths + [save_tokenizer_config(directory, self.special_tokens, self.pattern,
+                                              self.merge_order, self._special_ids)]
 
     def save_pickle(self, vocab_path, merges_path) -> tuple[str, str]:
         """Write the vocab (`dict[int, bytes]`) and merges (`list[tuple[bytes, bytes]]`) pickles."""
@@ -239,6 +287,14 @@ class Tokenizer:
         return tiktoken.Encoding(name=name, pat_str=self.pattern, mergeable_ranks=self.tiktoken_ranks(),
                                  special_tokens=dict(self._special_ids))
 
+    @property
+    def merges(self) -> Merges:
+        """The merges in order of priority; for a rank file, the merges its ranks imply (the
+        split of each token tiktoken's merging arrives at, worked out on first use)."""
+        if self._merges is None:
+            self._merges = merges_from_ranks(self.tiktoken_ranks())
+        return self._merges
+
     # --- encoding -------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
@@ -250,6 +306,41 @@ class Tokenizer:
         else uint32)."""
         dtype = self.id_dtype(dtype)
         return self._encode_text(_check_text(text, "encode_to_numpy")).astype(dtype)
+
+    def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[list[int]]:
+        """The ids of each text, encoded on `num_threads` threads (default: one per CPU)."""
+        ids, offsets = self.encode_batch_to_numpy(texts, num_threads=num_threads, dtype=np.int64)
+        flat = ids.tolist()
+        bounds = offsets.tolist()
+        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def encode_batch_to_numpy(self, texts: Sequence[str], *, num_threads: int | None = None,
+                              dtype=None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, offsets): the ids of all texts end to end in `dtype` (default: uint16 if every
+        id fits, else uint32), and int64 offsets of length len(texts) + 1 (text k's ids are
+        ids[offsets[k]:offsets[k + 1]]). Encoded on `num_threads` threads (default: one per
+        CPU); the ids do not depend on it."""
+        dtype = self.id_dtype(dtype)
+        if isinstance(texts, str):
+            raise TypeError("encode_batch expects a sequence of str, not a single str "
+                            "(use encode, or wrap it in a list)")
+        texts = list(texts)
+        for k, text in enumerate(texts):
+            _check_text(text, f"encode_batch: text {k}")
+        groups = _split_evenly(texts, _thread_count(num_threads, texts))
+        if len(groups) == 1:
+            parts = [self._encode_group(texts)]
+        else:
+            with ThreadPoolExecutor(len(groups), thread_name_prefix="nbbpe-encode") as pool:
+                parts = list(pool.map(self._encode_group, groups))
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        k = 0
+        total = 0
+        for ids, ends in parts:
+            offsets[k + 1 : k + 1 + len(ends)] = ends + total
+            k += len(ends)
+            total += len(ids)
+        return np.concatenate([ids for ids, _ in parts]).astype(dtype, copy=False), offsets
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """The ids of the concatenated strings of `iterable` (e.g. a text file handle), lazily.
@@ -281,10 +372,14 @@ class Tokenizer:
             text = carry + "".join(pending)
             pending.clear()
             pending_chars = 0
+            # Lone surrogates become U+FFFD before any cut is chosen (a special token may hold
+            # U+FFFD); a high surrogate at the end waits for a low one that may follow.
+            held = text[-1] if "\ud800" <= text[-1:] <= "\udbff" else ""
+            text = _replace_lone_surrogates(text[: len(text) - len(held)])
             cut = self._safe_cut(text)
             if cut:
                 yield self._encode_text(text[:cut]).astype(dtype)
-            carry = text[cut:]
+            carry = text[cut:] + held
         text = carry + "".join(pending)
         if text:
             yield self._encode_text(text).astype(dtype)
@@ -308,8 +403,33 @@ class Tokenizer:
             )
         return dtype
 
+    def encode_utf8(self, data, doc_ends=None, *, separator: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(int32 ids, where each document's ids end) of UTF-8 bytes `data` (valid UTF-8: the
+        caller checks), whose documents end at `doc_ends` (default: one document); each is a
+        text of its own, followed by `separator`'s id if given. For the compiled patterns."""
+        buf = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+        if doc_ends is None:
+            doc_ends = np.array([len(buf)], dtype=np.int64)
+        engine = self._get_engine()
+        doc_out_ends = np.empty(len(doc_ends), dtype=np.int64)
+        ids = engine.run(buf, doc_ends, -1 if separator is None else separator,
+                         self._thread_state(), doc_out_ends)
+        return ids, doc_out_ends
+
+    def _encode_group(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(int32 ids, where each text's ids end) of `texts`, in this thread."""
+        if self._family is None:
+            parts = [self._encode_text(text) for text in texts]
+            ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
+            return (np.concatenate(parts) if parts else _NO_IDS), ends
+        data = [_utf8(text) for text in texts]
+        doc_ends = np.cumsum([len(d) for d in data], dtype=np.int64)
+        return self.encode_utf8(b"".join(data), doc_ends)
+
     def _encode_text(self, text: str) -> np.ndarray:
-        """int32 ids of `text`, a block at a time, cut only where the ids cannot change."""
+        """int32 ids of `text`."""
+        if self._family is not None:
+            return self.encode_utf8(_utf8(text))[0]
         block = self._block_chars
         if len(text) <= block:
             return self._encode_block(text)
@@ -331,19 +451,13 @@ class Tokenizer:
         return np.concatenate(parts) if parts else _NO_IDS
 
     def _encode_block(self, text: str) -> np.ndarray:
-        try:
-            spans = self._pretokenize(text)
-        except UnicodeEncodeError:
-            # lone surrogates: replace them with U+FFFD (pairs join), as tiktoken does
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-            spans = self._pretokenize(text)
-        return encode_pretokens(*spans, self._table, self._cache)
+        """int32 ids of `text` with the `regex` pre-tokenizer."""
+        text = _replace_lone_surrogates(text)
+        return self._get_engine().run_pieces(*self._pretokenize(text), self._thread_state())
 
     def _pretokenize(self, text: str):
-        """Step 1: text -> (UTF-8 bytes, int64 offsets of the pieces, indices of the pieces that
-        are special tokens, their ids)."""
-        if self._compiled:
-            return self._pretokenize_compiled(text)
+        """text -> (UTF-8 bytes, int64 offsets of the pieces, indices of the pieces that are
+        special tokens, their ids)."""
         findall = self._findall
         if self._special_split is None:
             pieces = findall(text)
@@ -362,42 +476,16 @@ class Tokenizer:
                     pieces.extend(findall(parts[k + 1]))
             special_slots = np.array(slots, dtype=np.int64)
             special_ids = np.array(ids, dtype=np.int32)
-        try:  # one byte per length is the fastest way to measure a list of str
-            char_lengths = np.frombuffer(bytes(map(len, pieces)), dtype=np.uint8)
-        except ValueError:  # a piece of 256 characters or more
-            char_lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-        # Matches never overlap, so if their lengths add up to the text's they cover all of it
-        # (GPT-2's pattern always does) and the text itself is the joined pieces.
-        joined = text if int(char_lengths.sum()) == len(text) else "".join(pieces)
-        data = np.frombuffer(joined.encode("utf-8"), dtype=np.uint8)
-        if len(data) == len(joined):  # ASCII: characters are bytes
-            offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
-            np.cumsum(char_lengths, out=offsets[1:], dtype=np.int64)
+        data = "".join(pieces).encode("utf-8")
+        # Byte length of each piece: characters plus the extra bytes of the non-ASCII ones.
+        if len(data) == sum(map(len, pieces)):
+            lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
         else:
-            offsets = char_to_byte_offsets(data, char_lengths)
-        return data, offsets, special_slots, special_ids
-
-    def _pretokenize_compiled(self, text: str):
-        """`_pretokenize` with the compiled GPT-2 scanner: the same pieces, found in the bytes.
-
-        Pre-tokens tile the stretches between special tokens, so the pieces are the pre-tokens
-        with each special token's occurrence inserted in its place.
-        """
-        data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-        seg_starts, seg_ends, which = self._splitter.split(data)
-        starts, _ = scan_gpt2(data, (seg_starts, seg_ends))
-        special_starts = seg_ends[:-1]
-        if len(special_starts):
-            at = np.searchsorted(starts, special_starts)
-            special_slots = at + np.arange(len(at), dtype=np.int64)
-            starts = np.insert(starts, at, special_starts)
-            special_ids = self._special_id_array[which]
-        else:
-            special_slots, special_ids = _NO_SLOTS, _NO_IDS
-        offsets = np.empty(len(starts) + 1, dtype=np.int64)
-        offsets[:-1] = starts
-        offsets[-1] = len(data)
-        return data, offsets, special_slots, special_ids
+            lengths = np.fromiter((len(p.encode("utf-8")) for p in pieces), dtype=np.int64,
+                                  count=len(pieces))
+        offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return np.frombuffer(data, dtype=np.uint8), offsets, special_slots, special_ids
 
     def _safe_cut(self, text: str) -> int:
         """A position p, as late as the rules below find, such that `text[:p]` encodes to a
@@ -422,11 +510,55 @@ class Tokenizer:
                 return match.start() + 1
         return after_special
 
+    # --- the compiled side ----------------------------------------------------------------
+
+    def _get_engine(self) -> _Engine:
+        engine = self._engine
+        if engine is None:
+            with self._engine_lock:
+                if self._engine is None:
+                    self._engine = _Engine.build(self)
+                engine = self._engine
+        return engine
+
+    def _thread_state(self):
+        state = getattr(self._threads, "state", None)
+        if state is None:
+            from .encode import ThreadState
+
+            state = self._threads.state = ThreadState(self._cache_size)
+        return state
+
+    def __getstate__(self):  # for other processes (e.g. Dask workers): no locks, no caches
+        state = self.__dict__.copy()
+        for name in ("_engine", "_engine_lock", "_threads", "_findall", "_cut", "_special_split",
+                     "_special_finditer"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._engine = None
+        self._engine_lock = threading.Lock()
+        self._threads = threading.local()
+        self._findall = regex.compile(self.pattern).findall
+        self._cut = _GPT2_CUT if scanner_family(self.pattern) == "gpt2" else _OTHER_CUT
+        if self.special_tokens:
+            self._special_split = regex.compile(
+                f"({special_token_regex(self.special_tokens).pattern})").split
+            self._special_finditer = special_token_regex(self.special_tokens).finditer
+        else:
+            self._special_split = None
+
     # --- decoding -------------------------------------------------------------------------
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids`; bytes that are not valid UTF-8 become U+FFFD."""
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
+        """`decode` of each sequence of ids."""
+        return [self.decode(ids) for ids in batch]
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """The bytes of `ids` laid end to end."""
@@ -444,11 +576,103 @@ class Tokenizer:
             k = int(np.argmax(bad))
             raise ValueError(f"decode: id {int(array[k])} at position {k} is not in the vocab "
                              f"(ids run from 0 to {self._max_id})")
-        return gather_token_bytes(array, self._token_offsets, self._token_bytes).tobytes()
+        starts = self._token_offsets[array]
+        lengths = self._token_offsets[array + 1] - starts
+        # Every byte of the output comes from one token: index the arena by a ramp per token.
+        positions = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+        positions += np.arange(len(positions), dtype=np.int64)
+        return self._token_bytes[positions].tobytes()
 
     def __repr__(self) -> str:
-        return (f"Tokenizer(n_vocab={self.n_vocab}, merges={len(self.merges)}, "
+        return (f"Tokenizer(n_vocab={self.n_vocab}, merge_order={self.merge_order!r}, "
                 f"special_tokens={self.special_tokens!r})")
+
+
+class _Engine(NamedTuple):
+    """The kernels' tables for one tokenizer, built on its first encode, shared by threads."""
+
+    ranks: object  # encode.Ranks
+    vocab_table: object  # encode.Table
+    specials: object  # encode.Specials
+    class_table: np.ndarray | None
+    kernel: object  # the family's encode kernel, or None for the regex path
+
+    @classmethod
+    def build(cls, tokenizer: Tokenizer) -> _Engine:
+        from . import encode
+
+        t = tokenizer
+        order = np.flatnonzero(t._known)
+        token_ids = order.astype(np.int32)
+        specials = encode.make_specials(t._special_ids.items())
+        special_id_set = set(t._special_ids.values())
+        regular = np.array([i not in special_id_set for i in order.tolist()], dtype=bool)
+        if t.merge_order == "merges":
+            left, right, merged = t._merge_ids
+            ranks = encode.build_ranks(left, right, np.arange(len(left)), merged, t._byte_ids,
+                                       encode.MERGES)
+        else:
+            ranks = encode.build_split_ranks(t._token_bytes, t._token_offsets, token_ids[regular],
+                                             t._byte_ids, t.n_vocab)
+        vocab_table = encode.build_vocab_table(t._token_bytes, t._token_offsets,
+                                               token_ids[regular], ranks)
+        if t._family is None:
+            return cls(ranks, vocab_table, specials, None, None)
+        table, kernel = encode.encoder_for(t._family)
+        return cls(ranks, vocab_table, specials, table, kernel)
+
+    def run(self, buf, doc_ends, separator, state, doc_out_ends):
+        from .encode import run_encoder
+
+        return run_encoder(self.kernel, buf, self.class_table, doc_ends, separator, self.specials,
+                           self.ranks, self.vocab_table, state, doc_out_ends)
+
+    def run_pieces(self, data, offsets, special_slots, special_ids, state):
+        from .encode import encode_pieces, scratch_for
+
+        longest = int(np.diff(offsets).max(initial=0))
+        if len(state.scratch) < len(scratch_for(longest)):
+            state.scratch = scratch_for(longest)
+        out = np.empty(len(data) + 1, dtype=np.int32)
+        n = encode_pieces(data, offsets, special_slots, special_ids, self.ranks, self.vocab_table,
+                          state.cache, state.scratch, out)
+        return out[:n]
+
+
+def _merge_ids(merges: Merges, ids: dict[bytes, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(left, right, merged) int32 ids of every merge, checked: its tokens are in the vocab and
+    no merge is listed twice."""
+    try:
+        left = np.fromiter((ids[a] for a, _ in merges), dtype=np.int32, count=len(merges))
+        right = np.fromiter((ids[b] for _, b in merges), dtype=np.int32, count=len(merges))
+        merged = np.fromiter((ids[a + b] for a, b in merges), dtype=np.int32, count=len(merges))
+    except KeyError:
+        for r, (a, b) in enumerate(merges):
+            for side in (a, b):
+                if side not in ids:
+                    raise ValueError(f"merge {r} {(a, b)!r}: {side!r} is not in the vocab") from None
+            if a + b not in ids:
+                raise ValueError(f"merge {r} {(a, b)!r}: the merged token {a + b!r} is not in "
+                                 "the vocab") from None
+        raise
+    pairs = (left.astype(np.int64) << 32) | right
+    if len(np.unique(pairs)) != len(pairs):
+        seen: dict[tuple[bytes, bytes], int] = {}
+        for r, pair in enumerate(merges):
+            if pair in seen:
+                raise ValueError(f"merge {pair!r} is listed twice (ranks {seen[pair]} and {r})")
+            seen[pair] = r
+    return left, right, merged
+
+
+def _options(options: dict) -> dict:
+    """Keyword options of the constructor, as `_setup` takes them."""
+    known = {"pattern": GPT2_PATTERN, "pretokenizer": "auto", "cache_size": 1 << 17,
+             "block_chars": BLOCK_CHARS}
+    unknown = set(options) - set(known)
+    if unknown:
+        raise TypeError(f"unexpected option(s): {', '.join(sorted(unknown))}")
+    return {**known, **options}
 
 
 def _check_text(text, method: str) -> str:
@@ -456,3 +680,40 @@ def _check_text(text, method: str) -> str:
         return text
     hint = " (decode bytes to str first)" if isinstance(text, (bytes, bytearray)) else ""
     raise TypeError(f"{method} expects a str, got {type(text).__name__}{hint}")
+
+
+def _utf8(text: str) -> bytes:
+    """`text` in UTF-8, lone surrogates replaced by U+FFFD (pairs join), as tiktoken does."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _replace_lone_surrogates(text).encode("utf-8")
+
+
+def _replace_lone_surrogates(text: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _thread_count(num_threads: int | None, texts: list[str]) -> int:
+    if num_threads is None:
+        from .workers import default_num_workers
+
+        num_threads = default_num_workers()
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+    size = sum(map(len, texts))
+    return max(1, min(num_threads, len(texts), size // _SMALL_BATCH_BYTES + 1))
+
+
+def _split_evenly(texts: list[str], parts: int) -> list[list[str]]:
+    """`texts` cut into `parts` runs of consecutive texts of about equal total length."""
+    if parts <= 1:
+        return [texts]
+    ends = np.cumsum([len(t) for t in texts])
+    cuts = np.searchsorted(ends, ends[-1] * np.arange(1, parts) / parts, side="right")
+    bounds = [0, *sorted(set(cuts.tolist()) - {0, len(texts)}), len(texts)]
+    return [texts[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

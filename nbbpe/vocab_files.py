@@ -15,11 +15,14 @@ one "base64(token) id" line per token).
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import pickle
 from collections.abc import Sequence
 from functools import lru_cache
+
+import numpy as np
 
 Vocab = dict[int, bytes]
 Merges = list[tuple[bytes, bytes]]
@@ -107,25 +110,54 @@ def load_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
     if not isinstance(spelled, dict):
         raise ValueError(f"{os.fspath(vocab_path)}: expected a JSON object {{token: id}}, "
                          f"got a {type(spelled).__name__}")
-    vocab: Vocab = {}
-    for text, i in spelled.items():
-        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-            raise ValueError(f"{os.fspath(vocab_path)}: token {text!r} has id {i!r}, "
-                             "not a non-negative integer")
-        if i in vocab:
-            raise ValueError(f"{os.fspath(vocab_path)}: id {i} is given to two tokens")
-        vocab[i] = unspell(text, source=os.fspath(vocab_path))
-    merges: Merges = []
+    ids = list(spelled.values())
+    if not all(type(i) is int and i >= 0 for i in ids):
+        text, i = next((t, i) for t, i in spelled.items() if type(i) is not int or i < 0)
+        raise ValueError(f"{os.fspath(vocab_path)}: token {text!r} has id {i!r}, "
+                         "not a non-negative integer")
+    if len(set(ids)) != len(ids):
+        seen: set[int] = set()
+        i = next(i for i in ids if i in seen or seen.add(i))
+        raise ValueError(f"{os.fspath(vocab_path)}: id {i} is given to two tokens")
+    vocab: Vocab = dict(zip(ids, unspell_all(list(spelled), source=os.fspath(vocab_path))))
     with open(merges_path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line or (number == 1 and line.startswith("#version")):
-                continue
-            parts = line.split(" ")
-            if len(parts) != 2:
-                raise ValueError(f"{os.fspath(merges_path)}:{number}: expected two tokens, got {line!r}")
-            merges.append(tuple(unspell(p, source=f"{os.fspath(merges_path)}:{number}") for p in parts))
-    return vocab, merges
+        lines = f.read().splitlines()
+    if lines and lines[0].startswith("#version"):
+        lines[0] = ""
+    sides: list[str] = []
+    for number, line in enumerate(lines, 1):
+        if not line:
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2:
+            raise ValueError(f"{os.fspath(merges_path)}:{number}: expected two tokens, got {line!r}")
+        sides += parts
+    tokens = unspell_all(sides, source=os.fspath(merges_path))
+    return vocab, list(zip(tokens[0::2], tokens[1::2]))
+
+
+def unspell_all(texts: list[str], *, source: str = "vocab file") -> list[bytes]:
+    """`unspell` of each text, all at once: their joined characters go through a NumPy table."""
+    codes = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    table = _unspell_array()
+    known = codes < len(table)
+    byte_of = table[np.where(known, codes, 0)]
+    if not (known & (byte_of >= 0)).all():
+        for text in texts:  # name the first bad one
+            unspell(text, source=source)
+    joined = byte_of.astype(np.uint8).tobytes()
+    ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
+    starts = ends - np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    return [joined[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+
+
+@lru_cache(maxsize=1)
+def _unspell_array() -> np.ndarray:
+    """The byte each spelled character stands for, by code point (-1: not a spelling)."""
+    table = np.full(max(map(ord, unicode_to_byte())) + 1, -1, dtype=np.int16)
+    for c, b in unicode_to_byte().items():
+        table[ord(c)] = b
+    return table
 
 
 def write_text_atomically(path: str, text: str) -> None:
@@ -140,11 +172,16 @@ def write_text_atomically(path: str, text: str) -> None:
 CONFIG_FILE = "nbbpe.json"
 
 
-def save_tokenizer_config(directory: str | os.PathLike, special_tokens: Sequence[str], pattern: str) -> str:
+def save_tokenizer_config(directory: str | os.PathLike, special_tokens: Sequence[str], pattern: str,
+                          merge_order: str = "merges",
+                          special_token_ids: dict[str, int] | None = None) -> str:
     """Write `nbbpe.json` (the special tokens and the pattern, which vocab.json and merges.txt
-    do not record) into `directory`; return its path."""
+    do not record, and how the tokenizer merges) into `directory`; return its path."""
     path = os.path.join(directory, CONFIG_FILE)
     config = {"special_tokens": list(special_tokens), "pattern": pattern}
+    if merge_order != "merges":  # a rank file: its special tokens' ids are not implied
+        config["merge_order"] = merge_order
+        config["special_token_ids"] = dict(special_token_ids or {})
     write_text_atomically(path, json.dumps(config, ensure_ascii=False, indent=1))
     return path
 
@@ -411,6 +448,30 @@ def tiktoken_ranks(vocab: Vocab, special_tokens: Sequence[str] = ()) -> dict[byt
     return ranks
 
 
+def merges_from_ranks(ranks: dict[bytes, int]) -> Merges:
+    """The merges a rank file implies, in rank order: for each token of two or more bytes, the
+    two parts tiktoken's merging of its bytes arrives at using only lower ranks (as tiktoken's
+    own converters recover GPT-2 merges). Pure Python: for exporting, not for encoding."""
+    merges: Merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) < 2:
+            continue
+        parts = [bytes([b]) for b in token]
+        while len(parts) > 2:
+            best = None
+            for k in range(len(parts) - 1):
+                r = ranks.get(parts[k] + parts[k + 1])
+                if r is not None and r < rank and (best is None or r < best[0]):
+                    best = (r, k)
+            if best is None:
+                break
+            k = best[1]
+            parts[k : k + 2] = [parts[k] + parts[k + 1]]
+        if len(parts) == 2:
+            merges.append((parts[0], parts[1]))
+    return merges
+
+
 def save_tiktoken_ranks(vocab: Vocab, special_tokens: Sequence[str], path: str | os.PathLike) -> str:
     """Write the `.tiktoken` file `tiktoken.load.load_tiktoken_bpe` reads; return its path."""
     ranks = tiktoken_ranks(vocab, special_tokens)
@@ -418,6 +479,35 @@ def save_tiktoken_ranks(vocab: Vocab, special_tokens: Sequence[str], path: str |
              for token, i in sorted(ranks.items(), key=lambda item: item[1])]
     write_text_atomically(os.fspath(path), "\n".join(lines) + "\n")
     return os.fspath(path)
+
+
+def load_tiktoken_file(path: str | os.PathLike) -> dict[bytes, int]:
+    """Read a `.tiktoken` rank file: one "base64(token) rank" line per token."""
+    _check_file(path, "tiktoken ranks")
+    source = os.fspath(path)
+    with open(path, "rb") as f:
+        lines = f.read().splitlines()
+    ranks: dict[bytes, int] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError("expected two fields")
+            token = base64.b64decode(parts[0], validate=True)
+            rank = int(parts[1])
+        except ValueError as exc:  # binascii.Error is a ValueError
+            raise ValueError(f"{source}:{number}: not a 'base64-token rank' line ({exc}): "
+                             f"{line[:80]!r}") from None
+        if rank < 0:
+            raise ValueError(f"{source}:{number}: negative rank {rank}")
+        if token in ranks:
+            raise ValueError(f"{source}:{number}: token {token!r} is listed twice")
+        ranks[token] = rank
+    if not ranks:
+        raise ValueError(f"{source}: no tokens")
+    return ranks
 
 
 def _write_bytes_atomically(path: str, data: bytes) -> None:

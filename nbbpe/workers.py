@@ -24,6 +24,14 @@ from collections.abc import Callable
 _POLL_SECONDS = 0.5  # how often a waiting parent checks for dead workers, and workers for a dead parent
 
 
+def default_num_workers() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def process_context():
     """fork starts workers at once and shares the imported modules; elsewhere, spawn."""
     methods = multiprocessing.get_all_start_methods()

@@ -23,6 +23,7 @@ import functools
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from .classes import LETTER, NUMBER, SPACE, char_flags
 from .spans import scan_segments
@@ -44,6 +45,7 @@ def class_table() -> np.ndarray:
         elif f & SPACE:
             by_flags[f] = SPACE_CLASS
     table = by_flags[char_flags()]
+    _check_ascii_classes(table)
     table.setflags(write=False)
     return table
 
@@ -107,8 +109,98 @@ def gpt2_pretoken_end(buf, table, i, stop):
         return last  # \s+(?!\S) gives its last character to what follows
     return j  # the whole run at the end of the text (\s+(?!\S)), or one character (\s+)
 
+_COMMITTED = np.uint64(((1 << 62) - 1) & ~1)  # bits 1..61
+_ONES = np.uint64(0x0101010101010101)
+_HIGH = np.uint64(0x8080808080808080)
+_GATHER = np.uint64(0x0002040810204081)  # moves bit 8k + 7 to bit 56 + k
+
+
+@njit(inline="always")
+def _in_range(x, lo, hi):
+    """The high bit of each byte of `x` (eight ASCII bytes) set where lo <= byte <= hi."""
+    at_least_lo = x + _ONES * np.uint64(0x80 - lo)  # no byte overflows: bytes are below 0x80
+    above_hi = x + _ONES * np.uint64(0x7F - hi)
+    return at_least_lo & ~above_hi & _HIGH
+
+
+@njit(inline="always")
+def _bits(high_bits):
+    """The high bit of each of eight bytes, as bits 0-7."""
+    return (high_bits * _GATHER) >> np.uint64(56)
+
+
+def _check_ascii_classes(table) -> None:
+    """The block scanner hard-codes GPT-2's classes of ASCII; check them against `regex`'s."""
+    expected = np.full(128, OTHER_CLASS, dtype=np.uint8)
+    for lo, hi, c in ((0x41, 0x5A, LETTER_CLASS), (0x61, 0x7A, LETTER_CLASS),
+                      (0x30, 0x39, NUMBER_CLASS), (0x09, 0x0D, SPACE_CLASS),
+                      (0x20, 0x20, SPACE_CLASS)):
+        expected[lo : hi + 1] = c
+    if not np.array_equal(table[:128], expected):
+        raise RuntimeError("regex classifies ASCII differently from what gpt2_block_boundaries assumes")
+
+
+@njit(inline="always")
+def gpt2_block_boundaries(buf, table, p):
+    """Where pre-tokens start in buf[p + 1:p + 62], as bits 1..61 of a uint64, for a pre-token
+    starting at p, or 0 if buf[p:p + 64] is not all ASCII. The caller ensures p + 64 <= stop.
+
+    The rules above as bit masks over the 64 bytes (bit k for buf[p + k]), so a block of ASCII
+    text is cut without a branch per pre-token: a pre-token starts at k where
+    - k is whitespace and k - 1 is not (a run starts), or k + 1 is not (the run's last character
+      goes to what follows, rule 4);
+    - k is not whitespace, its class differs from k - 1's, and k - 1 is not a space (rule 3);
+    - or where a contraction that starts at such a place ends (and nowhere inside it).
+    Bytes 62 and 63 are only looked at, so every bit returned is decided by bytes in the block.
+    """
+    letters = np.uint64(0)
+    numbers = np.uint64(0)
+    spaces = np.uint64(0)
+    blanks = np.uint64(0)  # U+0020 only
+    apostrophes = np.uint64(0)
+    for k in range(8):  # eight bytes at a time, no branches (SWAR)
+        q = p + 8 * k
+        x = (np.uint64(buf[q]) | np.uint64(buf[q + 1]) << np.uint64(8)
+             | np.uint64(buf[q + 2]) << np.uint64(16) | np.uint64(buf[q + 3]) << np.uint64(24)
+             | np.uint64(buf[q + 4]) << np.uint64(32) | np.uint64(buf[q + 5]) << np.uint64(40)
+             | np.uint64(buf[q + 6]) << np.uint64(48) | np.uint64(buf[q + 7]) << np.uint64(56))
+        if x & _HIGH:
+            return np.uint64(0)  # not ASCII: the caller scans one pre-token at a time
+        shift = np.uint64(8 * k)
+        letters |= _bits(_in_range(x | _ONES * np.uint64(0x20), 0x61, 0x7A)) << shift
+        numbers |= _bits(_in_range(x, 0x30, 0x39)) << shift
+        blank = _in_range(x, 0x20, 0x20)
+        spaces |= _bits(_in_range(x, 0x09, 0x0D) | blank) << shift
+        blanks |= _bits(blank) << shift
+        apostrophes |= _bits(_in_range(x, 0x27, 0x27)) << shift
+    one = np.uint64(1)
+    others = ~(letters | numbers | spaces)
+    changed = ((letters ^ (letters << one)) | (numbers ^ (numbers << one))
+               | (spaces ^ (spaces << one)) | (others ^ (others << one)))
+    starts = ((spaces & (~(spaces << one) | ~(spaces >> one)))
+              | (~spaces & changed & ~(blanks << one)) | one)
+    candidates = apostrophes & starts & np.uint64((1 << 62) - 1)
+    while candidates:
+        k = trailing_zeros(candidates)
+        candidates &= candidates - one
+        s = buf[p + k + 1]
+        t = buf[p + k + 2]
+        if s == 115 or s == 100 or s == 109 or s == 116:  # 's 'd 'm 't
+            length = 2
+        elif (s == 108 and t == 108) or (s == 118 and t == 101) or (s == 114 and t == 101):
+            length = 3
+        else:
+            continue
+        inside = ((one << np.uint64(length - 1)) - one) << np.uint64(k + 1)
+        starts &= ~inside
+        if k + length < 64:
+            starts |= one << np.uint64(k + length)
+    return starts & _COMMITTED
+
 
 @njit(cache=True, nogil=True)
 def gpt2_spans(buf, table, seg_starts, seg_ends, starts, ends):
     """`spans.scan_segments` with the GPT-2 scanner."""
-    return scan_segments(gpt2_pretoken_end, buf, table, seg_starts, seg_ends, starts, ends)
+    return scan_segments(gpt2_pretoken_end, gpt2_block_boundaries, buf, table, seg_starts,
+                         seg_ends, starts, ends)
+
