@@ -19,7 +19,8 @@ or a special token's first byte, which always start a new sequence, so chunking 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO
 
 import regex
 
@@ -140,6 +141,52 @@ def safe_boundary_after(buf: bytes, start: int, specials: Sequence[bytes]) -> in
         pos = boundary
 
 
+def iter_safe_boundaries(
+    read_at: Callable[[int, int], bytes],
+    chunk_bytes: int,
+    special_tokens: Sequence[str] = (),
+) -> Iterator[int]:
+    """The inner chunk boundaries of a byte sequence, ascending, chosen as `chunk_boundaries` does.
+
+    `read_at(pos, n)` returns the bytes at [pos, pos + n), fewer only at the end of the sequence.
+    Reads only move forward, except back by at most the longest special token's length before the
+    last boundary yielded, so a forward-only stream kept in a sliding window can serve them; the
+    boundaries depend only on the bytes, never on how the reads are served.
+    """
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    specials = [t.encode("utf-8") for t in special_tokens]
+    reach_back = max((len(t) for t in specials), default=1)
+    window = max(chunk_bytes, 64 << 10, 4 * reach_back)
+    target = chunk_bytes
+    while True:
+        # Look from `target` on for a safe place, widening the window until one is found.
+        base = max(0, target - reach_back)
+        want = target - base + window
+        buf = read_at(base, want)
+        if base + len(buf) <= target:  # nothing after `target`: the rest is the last chunk
+            return
+        at_end = len(buf) < want
+        while (found := safe_boundary_after(buf, target - base, specials)) is None:
+            if at_end:
+                return
+            more = read_at(base + len(buf), window)
+            at_end = len(more) < window
+            buf += more
+        yield base + found
+        target = base + found + chunk_bytes
+
+
+def reader_at(f: BinaryIO, size: int) -> Callable[[int, int], bytes]:
+    """`read_at(pos, n)` over a seekable binary file of `size` bytes."""
+
+    def read_at(pos: int, n: int) -> bytes:
+        f.seek(pos)
+        return f.read(max(0, min(n, size - pos)))
+
+    return read_at
+
+
 def chunk_boundaries(
     path: str | os.PathLike,
     chunk_bytes: int,
@@ -151,30 +198,6 @@ def chunk_boundaries(
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     size = os.path.getsize(path) if size is None else size
-    specials = [t.encode("utf-8") for t in special_tokens]
-    reach_back = max((len(t) for t in specials), default=1)
-    window = max(chunk_bytes, 64 << 10, 4 * reach_back)
-    bounds = [0]
     with open(path, "rb") as f:
-        target = chunk_bytes
-        while target < size:
-            # Look from `target` on for a safe place, widening the window until one is found.
-            base = max(0, target - reach_back)
-            f.seek(base)
-            buf = f.read(target - base + window)
-            boundary = None
-            while boundary is None:
-                found = safe_boundary_after(buf, target - base, specials)
-                if found is not None:
-                    boundary = base + found
-                elif base + len(buf) >= size:
-                    break
-                else:
-                    more = f.read(window)
-                    buf += more
-            if boundary is None:
-                break
-            bounds.append(boundary)
-            target = boundary + chunk_bytes
-    bounds.append(size)
-    return bounds
+        inner = list(iter_safe_boundaries(reader_at(f, size), chunk_bytes, special_tokens))
+    return [0, *inner, size]
