@@ -204,11 +204,11 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .corpus import check_corpus_path, read_range
-    from .pretokenize import CL100K_PATTERN, GPT2_PATTERN
+    from .patterns import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN
     from .token_files import tokenizer_sha256
 
     tokenizer = load_tokenizer_dir(args.tokenizer, args.special_token)
-    pattern = {GPT2_PATTERN: "GPT-2", CL100K_PATTERN: "cl100k"}.get(tokenizer.pattern, tokenizer.pattern)
+    pattern = {GPT2_PATTERN: "GPT-2", CL100K_PATTERN: "cl100k", O200K_PATTERN: "o200k"}.get(tokenizer.pattern, tokenizer.pattern)
     print(f"tokenizer       {args.tokenizer}")
     print(f"vocab           {tokenizer.n_vocab} ids, {len(tokenizer.merges)} merges, "
           f"special tokens {tokenizer.special_tokens}")

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
+import numpy as np
 import regex
 
 DEFAULT_CHUNK_BYTES = 2 << 20
@@ -74,6 +75,36 @@ def decode_utf8(data: bytes, errors: str, *, source: str = "corpus", offset: int
             f"(bytes {bad!r}: {exc.reason}); pass errors='replace' to read such bytes as U+FFFD",
             offset + exc.start,
         ) from None
+
+
+def check_utf8(data, errors: str, place, doc_ends=None, offset_base: int | None = None):
+    """(data, doc_ends): `data` (a uint8 array of documents ending at `doc_ends`) made valid
+    UTF-8 under the policy. Valid data comes back as it is. Otherwise "strict" raises
+    `InvalidUTF8Error` naming `place(offset)` of the first invalid byte (and recording
+    offset_base + offset as its file offset, if offset_base is given); "replace" decodes each
+    document with errors="replace" and returns their re-encoded bytes."""
+    from .scanners.classes import first_invalid_utf8
+
+    bad = first_invalid_utf8(data, 0, len(data))
+    if bad < 0:
+        return data, doc_ends
+    if errors == "strict":
+        end = bad + 1
+        while end < min(len(data), bad + 4) and data[end] & 0xC0 == 0x80:
+            end += 1
+        raise InvalidUTF8Error(
+            f"{place(bad)}: invalid UTF-8 (bytes {bytes(data[bad:end])!r}); pass "
+            "errors='replace' to read such bytes as U+FFFD",
+            None if offset_base is None else offset_base + bad,
+        )
+    if doc_ends is None:
+        fixed = [bytes(data).decode("utf-8", errors="replace").encode("utf-8")]
+    else:
+        starts = [0, *doc_ends[:-1].tolist()]
+        fixed = [bytes(data[a:b]).decode("utf-8", errors="replace").encode("utf-8")
+                 for a, b in zip(starts, doc_ends.tolist())]
+    new_ends = np.cumsum([len(f) for f in fixed], dtype=np.int64)
+    return np.frombuffer(b"".join(fixed), dtype=np.uint8), (None if doc_ends is None else new_ends)
 
 
 def first_invalid_utf8_error(path, ranges, found: InvalidUTF8Error) -> InvalidUTF8Error:

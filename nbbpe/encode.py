@@ -43,10 +43,10 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import njit
-from numba.cpython.unsafe.numbers import trailing_zeros
 
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
-from .scanners.spans import BLOCK
+from .scanners.specials import Specials, next_special
+from .scanners.spans import WINDOW, scan_window
 
 MERGES, RANKS = 0, 1  # merge orders
 NO_MERGE = np.int64(np.iinfo(np.int64).max)
@@ -84,29 +84,6 @@ class Table(NamedTuple):
     max_key_len: int  # longer pre-tokens are never stored
 
 
-class Specials(NamedTuple):
-    """Special tokens: their UTF-8 bytes end to end, longest first, with offsets, their ids in
-    that order, and which bytes can start one."""
-
-    data: np.ndarray  # uint8
-    offsets: np.ndarray  # int64
-    ids: np.ndarray  # int32
-    first_bytes: np.ndarray  # bool[256]
-
-
-def make_specials(tokens_and_ids) -> Specials:
-    """`Specials` from (token str, id) pairs; longest first, as `regex` alternation by length."""
-    ordered = sorted(tokens_and_ids, key=lambda item: len(item[0].encode("utf-8")), reverse=True)
-    encoded = [token.encode("utf-8") for token, _ in ordered]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(e) for e in encoded], out=offsets[1:])
-    first = np.zeros(256, dtype=np.bool_)
-    for e in encoded:
-        first[e[0]] = True
-    return Specials(np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets,
-                    np.array([i for _, i in ordered], dtype=np.int32), first)
-
-
 def new_table(max_entries: int, max_key_len: int = 256) -> Table:
     """An empty table for up to `max_entries` pre-tokens of at most `max_key_len` bytes."""
     max_entries = min(max(1, int(max_entries)), 1 << 26)
@@ -120,8 +97,8 @@ EMPTY_TABLE = Table(np.zeros(2, np.int64), np.zeros(1, np.int32), np.zeros(3, np
 
 
 def scratch_for(length: int) -> np.ndarray:
-    """Scratch space for merging pre-tokens of up to `length` bytes."""
-    return np.empty(max(_HEAP_ABOVE + 1, 8 * length + 4), dtype=np.int64)
+    """Scratch space for a window of pre-tokens and merging pre-tokens of up to `length` bytes."""
+    return np.empty(WINDOW + max(_HEAP_ABOVE + 1, 8 * length + 4), dtype=np.int64)
 
 
 # --- the rank table ---------------------------------------------------------------------------
@@ -524,36 +501,7 @@ def _encode_piece(buf, start, end, out, w, ranks, vocab, cache, scratch):
 # --- the one pass ------------------------------------------------------------------------------
 
 
-@njit(inline="always")
-def _next_special(buf, i, end, specials):
-    """(where, which): the first special-token occurrence in buf[i:end], the longest at that
-    place (tokens come longest first), or (end, -1)."""
-    offsets = specials.offsets
-    n_tokens = offsets.shape[0] - 1
-    if n_tokens == 0:
-        return end, -1
-    while i < end:
-        if specials.first_bytes[buf[i]]:
-            for t in range(n_tokens):
-                lo = offsets[t]
-                length = offsets[t + 1] - lo
-                if i + length > end:
-                    continue
-                same = True
-                for m in range(length):
-                    if buf[i + m] != specials.data[lo + m]:
-                        same = False
-                        break
-                if same:
-                    return i, t
-        i += 1
-    return end, -1
-
-
-# Inlined (at Numba IR level) into each family's own kernel: the scanner arguments are then
-# constants the compiled code never needs, so the kernel can be cached (a dispatcher passed at
-# run time would be a process-specific address, which Numba refuses to cache).
-@njit(inline="always")
+@njit(inline="always")  # into each family's kernel, as `spans.scan_window`
 def encode_documents(scanner, block_scanner, buf, table, doc_ends, separator, specials, ranks,
                      vocab, cache, scratch, out, doc_out_ends, out_base, doc, i):
     """Encode documents doc, doc + 1, ... of `buf` (document d ends at doc_ends[d]; the first
@@ -566,33 +514,24 @@ def encode_documents(scanner, block_scanner, buf, table, doc_ends, separator, sp
     `doc_out_ends[d]` receives out_base + the number of ids written up to the end of document d.
     """
     cap = out.shape[0]
+    window = scratch[:WINDOW]
+    scratch = scratch[WINDOW:]
     w = 0
     n_docs = doc_ends.shape[0]
     while doc < n_docs:
         end = doc_ends[doc]
         while i < end:
-            stop, which = _next_special(buf, i, end, specials)
+            stop, which = next_special(buf, i, end, specials)
             while i < stop:
-                bits = np.uint64(0)
-                if i + BLOCK <= stop:
-                    bits = block_scanner(buf, table, i)
-                if bits:  # a block of pre-tokens, each ending at a set bit
-                    if w + BLOCK > cap:
-                        return w, doc, i, 0
-                    base = i
-                    while bits:
-                        j = base + np.int64(trailing_zeros(bits))
-                        bits &= bits - np.uint64(1)
-                        w = _encode_piece(buf, i, j, out, w, ranks, vocab, cache, scratch)
-                        i = j
-                    continue
-                j = scanner(buf, table, i, stop)
-                if w + (j - i) > cap:
+                n = scan_window(scanner, block_scanner, buf, table, i, stop, window)
+                if w + (window[n - 1] - i) > cap:  # at most one id per byte
                     return w, doc, i, 0
-                if j - i > _HEAP_ABOVE and 8 * (j - i) + 4 > scratch.shape[0]:
-                    return w, doc, i, j - i
-                w = _encode_piece(buf, i, j, out, w, ranks, vocab, cache, scratch)
-                i = j
+                for t in range(n):
+                    j = window[t]
+                    if j - i > _HEAP_ABOVE and 8 * (j - i) + 4 > scratch.shape[0]:
+                        return w, doc, i, j - i
+                    w = _encode_piece(buf, i, j, out, w, ranks, vocab, cache, scratch)
+                    i = j
             if which >= 0:
                 if w + 1 > cap:
                     return w, doc, i, 0
@@ -635,13 +574,14 @@ def encode_pieces(buf, offsets, special_slots, special_ids, ranks, vocab, cache,
     and the pieces listed in `special_slots` are special tokens with ids `special_ids`.
     `out` holds one id per byte, `scratch` enough for the longest piece; returns how many ids
     were written."""
+    scratch = scratch[WINDOW:]
     w = 0
-    next_special = 0
+    next_slot = 0
     for k in range(offsets.shape[0] - 1):
-        if next_special < special_slots.shape[0] and special_slots[next_special] == k:
-            out[w] = special_ids[next_special]
+        if next_slot < special_slots.shape[0] and special_slots[next_slot] == k:
+            out[w] = special_ids[next_slot]
             w += 1
-            next_special += 1
+            next_slot += 1
         elif offsets[k + 1] > offsets[k]:
             w = _encode_piece(buf, offsets[k], offsets[k + 1], out, w, ranks, vocab, cache, scratch)
     return w

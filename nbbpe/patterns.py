@@ -8,6 +8,10 @@ Any other pattern runs on `regex`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
+import regex
+
 # GPT-2's pattern as released with GPT-2 (and in the CS336 assignment).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # tiktoken's spelling of it (gpt2, r50k_base, p50k_base): the same pre-tokens, faster in regex.
@@ -36,11 +40,39 @@ O200K_PATTERN = "|".join(
 SCANNER_FAMILIES = {
     GPT2_PATTERN: "gpt2",
     TIKTOKEN_GPT2_PATTERN: "gpt2",
-    CL100K_PATTERN: "cl100k",
-    O200K_PATTERN: "o200k",
 }
 
 
 def scanner_family(pattern: str) -> str | None:
     """The compiled scanner family ("gpt2", "cl100k", "o200k") for `pattern`, or None."""
     return SCANNER_FAMILIES.get(pattern)
+
+
+def validate_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
+    """Return the special tokens as a list, or raise naming what is wrong with them."""
+    if special_tokens is None:
+        return []
+    if isinstance(special_tokens, (str, bytes)):
+        raise TypeError(
+            "special_tokens must be a list of strings, not a single "
+            f"{type(special_tokens).__name__} (did you mean [{special_tokens!r}]?)"
+        )
+    tokens = list(special_tokens)
+    seen: set[str] = set()
+    for token in tokens:
+        if not isinstance(token, str):
+            raise TypeError(f"special token {token!r} is a {type(token).__name__}, not a str")
+        if not token:
+            raise ValueError("special tokens must be non-empty strings; got ''")
+        if token in seen:
+            raise ValueError(f"special token {token!r} is given more than once")
+        seen.add(token)
+    return tokens
+
+
+def special_token_regex(special_tokens: Sequence[str]) -> regex.Pattern | None:
+    """A regex matching any special token, longest first where several start at one place."""
+    if not special_tokens:
+        return None
+    by_length = sorted(special_tokens, key=len, reverse=True)
+    return regex.compile("|".join(regex.escape(token) for token in by_length))

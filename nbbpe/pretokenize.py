@@ -1,13 +1,17 @@
-"""Pre-tokenization: cut out special tokens, split text into pre-tokens, count them.
+"""Pre-tokenization and counting: a source's documents -> unique pre-tokens with their counts.
 
-This is the stage where training and encoding spend most of their time. The reference semantics
-are those of the `regex` module running the GPT-2 pattern over each stretch of text between
-special tokens; every faster path in nbbpe is checked against this one.
+Special tokens are cut out of each document first (never counted, and no pre-token crosses one
+or a document boundary); the stretches between them are split with the pattern. The reference
+semantics are those of the `regex` module running the pattern over each stretch (`PreTokenizer`);
+for the patterns a compiled scanner implements, `pretokenize_kernels.PretokenCounter` counts in
+one compiled pass, and for any other pattern `RegexPretokenCounter` does it with `regex`.
+
+`count_pretokens_in_source` plans units of work (`sources.py`) and counts them on an executor:
+the local threads (`workers.LocalExecutor`) or a Dask cluster (`distributed.DaskExecutor`).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -16,53 +20,10 @@ import numpy as np
 import regex
 from tqdm import tqdm
 
-from .corpus import (
-    DEFAULT_CHUNK_BYTES,
-    InvalidUTF8Error,
-    check_corpus_path,
-    check_errors_policy,
-    chunk_boundaries,
-    decode_utf8,
-    first_invalid_utf8_error,
-    read_range,
-)
-from .workers import WorkerPool, default_num_workers
+from .corpus import DEFAULT_CHUNK_BYTES, check_errors_policy
+from .patterns import GPT2_PATTERN, scanner_family, special_token_regex
 
-GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-CL100K_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
-    r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
-)
-
-
-def validate_special_tokens(special_tokens: Iterable[str] | None) -> list[str]:
-    """Return the special tokens as a list, or raise naming what is wrong with them."""
-    if special_tokens is None:
-        return []
-    if isinstance(special_tokens, (str, bytes)):
-        raise TypeError(
-            "special_tokens must be a list of strings, not a single "
-            f"{type(special_tokens).__name__} (did you mean [{special_tokens!r}]?)"
-        )
-    tokens = list(special_tokens)
-    seen: set[str] = set()
-    for token in tokens:
-        if not isinstance(token, str):
-            raise TypeError(f"special token {token!r} is a {type(token).__name__}, not a str")
-        if not token:
-            raise ValueError("special tokens must be non-empty strings; got ''")
-        if token in seen:
-            raise ValueError(f"special token {token!r} is given more than once")
-        seen.add(token)
-    return tokens
-
-
-def special_token_regex(special_tokens: Sequence[str]) -> regex.Pattern | None:
-    """A regex matching any special token, longest first where several start at one place."""
-    if not special_tokens:
-        return None
-    by_length = sorted(special_tokens, key=len, reverse=True)
-    return regex.compile("|".join(regex.escape(token) for token in by_length))
+PRETOKENIZERS = ("auto", "compiled", "regex")
 
 
 class PreTokenizer:
@@ -71,7 +32,7 @@ class PreTokenizer:
     def __init__(self, pattern: str = GPT2_PATTERN, special_tokens: Sequence[str] = ()):
         self.pattern = pattern
         self.special_tokens = list(special_tokens)
-        self._compiled = regex.compile(pattern)
+        self._compiled = compile_pattern(pattern)
         self._specials = special_token_regex(self.special_tokens)
 
     def segments(self, text: str) -> list[str]:
@@ -82,29 +43,37 @@ class PreTokenizer:
 
     def pretokens(self, text: str) -> list[str]:
         """All pre-tokens of `text`, in order, special tokens left out."""
-        findall = self._compiled.findall
         out: list[str] = []
         for segment in self.segments(text):
-            out.extend(findall(segment))
+            out.extend(self._compiled.findall(segment, concurrent=True))
         return out
 
     def count_into(self, counts: Counter, text: str) -> None:
         """Add the pre-token counts of `text` to `counts` (a Counter of str)."""
-        findall = self._compiled.findall
         for segment in self.segments(text):
-            counts.update(findall(segment))
+            # concurrent=True: regex releases the GIL while matching, so threads run in parallel
+            counts.update(self._compiled.findall(segment, concurrent=True))
+
+
+def compile_pattern(pattern: str) -> regex.Pattern:
+    """`pattern` compiled, refusing capturing groups: pre-tokens are whole matches."""
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+    compiled = regex.compile(pattern)
+    if compiled.groups:
+        raise ValueError(f"pattern {pattern!r} has capturing groups; use (?:...) so that "
+                         "pre-tokens are whole matches")
+    return compiled
 
 
 # --- counting pre-tokens ------------------------------------------------------------------------
 
-PRETOKENIZERS = ("auto", "compiled", "regex")
-
 
 class RegexPretokenCounter:
-    """Counts pre-tokens of any pattern with `regex` across chunks: the reference path.
+    """Counts pre-tokens of any pattern with `regex`: the reference path.
 
-    Same interface as the compiled `pretokenize_kernels.PretokenCounter`: `add` UTF-8 chunks,
-    then take `result()`, the unique pre-tokens with their counts as flat arrays.
+    Same interface as the compiled `pretokenize_kernels.PretokenCounter`: `add` batches of UTF-8
+    documents, then take `result()`, the unique pre-tokens with their counts as flat arrays.
     """
 
     def __init__(self, pattern: str, special_tokens: Sequence[str] = (), errors: str = "strict"):
@@ -113,9 +82,18 @@ class RegexPretokenCounter:
         self._pretokenizer = PreTokenizer(pattern, special_tokens)
         self._counts: Counter = Counter()
 
-    def add(self, buf, *, source: str = "buffer", offset: int = 0) -> None:
-        text = decode_utf8(bytes(buf), self.errors, source=source, offset=offset)
-        self._pretokenizer.count_into(self._counts, text)
+    def add(self, buf, doc_ends=None, *, place=None, offset_base: int | None = None) -> None:
+        from .corpus import check_utf8
+
+        buf = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
+        if place is None:
+            def place(offset):
+                return f"buffer byte {offset}"
+        buf, doc_ends = check_utf8(buf, self.errors, place, doc_ends, offset_base)
+        data = buf.tobytes()
+        bounds = [0, *([len(data)] if doc_ends is None else doc_ends.tolist())]
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            self._pretokenizer.count_into(self._counts, data[start:end].decode("utf-8"))
 
     def result(self):
         from .pretokenize_kernels import PretokenCounts
@@ -130,111 +108,132 @@ class RegexPretokenCounter:
         )
 
 
-def uses_compiled_pretokenizer(pattern: str, pretokenizer: str = "auto") -> bool:
-    """Whether `pretokenizer` ("auto", "compiled" or "regex") means the compiled scanner here.
-
-    The compiled scanner implements GPT-2's pattern only; "auto" takes it for that pattern.
-    """
+def pretokenizer_family(pattern: str, pretokenizer: str = "auto") -> str | None:
+    """The compiled scanner family `pretokenizer` ("auto", "compiled", "regex") means for
+    `pattern`, or None for the `regex` path."""
     if pretokenizer not in PRETOKENIZERS:
         raise ValueError(f"pretokenizer must be one of {PRETOKENIZERS}, got {pretokenizer!r}")
-    if pretokenizer == "compiled" and pattern != GPT2_PATTERN:
-        raise ValueError("the compiled pre-tokenizer implements only GPT2_PATTERN; "
-                         "use pretokenizer='regex' (or 'auto') for other patterns")
-    return pretokenizer != "regex" and pattern == GPT2_PATTERN
+    family = scanner_family(pattern)
+    if pretokenizer == "compiled" and family is None:
+        raise ValueError("no compiled pre-tokenizer implements this pattern; it implements "
+                         "GPT-2's, cl100k's and o200k's (nbbpe.GPT2_PATTERN, CL100K_PATTERN, "
+                         "O200K_PATTERN); use pretokenizer='regex' or 'auto'")
+    return None if pretokenizer == "regex" else family
 
 
 def make_pretoken_counter(pattern: str, special_tokens: Sequence[str], errors: str,
                           pretokenizer: str = "auto"):
-    """A counter for `pattern`: the compiled one for GPT-2's pattern ("auto"), else `regex`."""
-    if uses_compiled_pretokenizer(pattern, pretokenizer):
+    """A counter for `pattern`: compiled where a scanner implements it ("auto"), else `regex`."""
+    family = pretokenizer_family(pattern, pretokenizer)
+    if family is not None:
         from .pretokenize_kernels import PretokenCounter
 
-        return PretokenCounter(special_tokens, errors)
+        return PretokenCounter(family, special_tokens, errors)
+    compile_pattern(pattern)
     return RegexPretokenCounter(pattern, special_tokens, errors)
 
 
-class _ChunkCounter:
-    """A worker's handler: counts the pre-tokens of each chunk (a byte range of the file) into
-    one table for all its chunks, whose size is bounded by the number of unique pre-tokens, not
-    by the corpus size; `finish` sends it back once, as flat arrays."""
+class UnitCounter:
+    """A worker's state when counting: one table of unique pre-tokens for all the units (or
+    batches) it is given, so its size is bounded by the unique pre-tokens, not the corpus."""
 
-    def __init__(self, path: str, counter_args: tuple):
-        self.path = path
+    def __init__(self, counter_args: tuple, errors: str, chunk_bytes: int):
         self.counter = make_pretoken_counter(*counter_args)
+        self.errors = errors
+        self.chunk_bytes = chunk_bytes
 
-    def __call__(self, byte_range: tuple[int, int]) -> int:
-        start, end = byte_range
-        self.counter.add(read_range(self.path, start, end), source=self.path, offset=start)
-        return end - start
+    def add(self, unit) -> int:
+        """Count a unit of work (or one batch); return its bytes, for progress."""
+        from .sources import Batch, read_unit
+
+        batches = [unit] if isinstance(unit, Batch) else read_unit(
+            unit, chunk_bytes=self.chunk_bytes, errors=self.errors)
+        done = 0
+        for batch in batches:
+            base = batch.where.first if batch.where.kind == "byte" else None
+            self.counter.add(batch.data, batch.doc_ends, place=batch.place, offset_base=base)
+            done += len(batch.data)
+        return done
 
     def finish(self):
         return self.counter.result()
 
 
-def count_pretokens_in_file(
-    path: str | os.PathLike,
+def count_pretokens_in_source(
+    source,
     special_tokens: Sequence[str],
     *,
     pattern: str = GPT2_PATTERN,
     pretokenizer: str = "auto",
-    num_workers: int | None = None,
+    executor=None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     errors: str = "strict",
     progress: bool = False,
+    text_field: str = "text",
+    text_column: str = "text",
     meanwhile: Callable[[], object] | None = None,
 ):
-    """Count every pre-token of the file, special tokens cut out.
+    """Count every pre-token of a source (see `sources.resolve_source`), special tokens cut out.
 
-    Returns a `PretokenCounts` table (unique pre-tokens as UTF-8 bytes, with counts).
-    `meanwhile`, if given, is called once in a thread of this process while worker processes
-    count (e.g. to load compiled kernels needed next), or after counting when there are none.
+    Returns a `PretokenCounts` table (unique pre-tokens as UTF-8 bytes, with counts). `executor`
+    runs the units (default: the local threads). `meanwhile`, if given, is called once in
+    another thread while the workers count (e.g. to load compiled kernels needed next).
     """
-    size = check_corpus_path(path)
+    from .sources import plan_units, resolve_source
+
+    check_errors_policy(errors)
     counter_args = (pattern, list(special_tokens), errors, pretokenizer)
-    counter = make_pretoken_counter(*counter_args)  # checks the arguments before any work
-    num_workers = default_num_workers() if num_workers is None else num_workers
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
-    bounds = chunk_boundaries(path, chunk_bytes, special_tokens, size=size)
-    ranges = list(zip(bounds[:-1], bounds[1:]))
-    num_workers = min(num_workers, len(ranges))
-    path = os.fspath(path)
-
-    def progress_bar():
-        return tqdm(total=size, unit="B", unit_scale=True, desc="pre-tokenize", disable=not progress)
-
-    if num_workers == 1:
-        with progress_bar() as bar:
-            for start, end in ranges:
-                counter.add(read_range(path, start, end), source=path, offset=start)
-                bar.update(end - start)
-        if meanwhile is not None:
-            meanwhile()
-        return counter.result()
-    # Load the counting kernels here, once, before forking: else each worker loads them.
-    # (This counter served to check the arguments; the workers count with their own.)
-    counter.add(b"warm up")
-    return _count_in_workers(path, counter_args, ranges, num_workers, progress_bar, meanwhile)
+    make_pretoken_counter(*counter_args)  # checks the arguments before any work
+    files = resolve_source(source, text_field=text_field, text_column=text_column)
+    units = plan_units(files, chunk_bytes=chunk_bytes, special_tokens=special_tokens)
+    total = sum(file.size for file in files)
+    return count_items(units, counter_args, executor=executor, errors=errors,
+                       chunk_bytes=chunk_bytes, progress=progress, total=total,
+                       meanwhile=meanwhile)
 
 
-def _count_in_workers(path, counter_args, ranges, num_workers, progress_bar, meanwhile):
+def count_pretokens_in_texts(texts: Iterable[str], special_tokens: Sequence[str], *,
+                             pattern: str = GPT2_PATTERN, pretokenizer: str = "auto",
+                             executor=None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                             errors: str = "strict", progress: bool = False,
+                             meanwhile: Callable[[], object] | None = None):
+    """Count every pre-token of an iterable of str, each a document (read once, lazily)."""
+    from .sources import iter_text_batches
+
+    check_errors_policy(errors)
+    counter_args = (pattern, list(special_tokens), errors, pretokenizer)
+    make_pretoken_counter(*counter_args)
+    batches = iter_text_batches(texts, batch_bytes=chunk_bytes, errors=errors)
+    return count_items(batches, counter_args, executor=executor, errors=errors,
+                       chunk_bytes=chunk_bytes, progress=progress, total=None,
+                       meanwhile=meanwhile)
+
+
+def count_items(items, counter_args, *, executor, errors, chunk_bytes, progress, total, meanwhile):
+    """Count units of work or batches on `executor` (the first error in source order is the
+    one raised: see `workers.LocalExecutor`)."""
     from .pretokenize_kernels import merge_counts
+    from .workers import LocalExecutor
 
-    with WorkerPool(_ChunkCounter, (path, counter_args), num_workers,
-                    what=f"counting the pre-tokens of {path!r}") as pool, \
-            progress_bar() as bar:  # after the fork: the bar's monitor thread must not be forked
-        helper = None
-        if meanwhile is not None:  # started after the forks: a forked thread could hold a lock
-            helper = threading.Thread(target=meanwhile, name="nbbpe-meanwhile", daemon=True)
-            helper.start()
-        for index, byte_range in enumerate(ranges):
-            pool.submit(index, byte_range)
-        try:
-            for _ in ranges:
-                bar.update(pool.next_result()[1])
-        except InvalidUTF8Error as error:
-            raise first_invalid_utf8_error(path, ranges, error) from None
-        tables = pool.finish()
-        if helper is not None:
-            helper.join()
-    return merge_counts(tables)
+    executor = LocalExecutor() if executor is None else executor
+    helper = None
+    if meanwhile is not None:
+        helper = threading.Thread(target=meanwhile, name="nbbpe-meanwhile", daemon=True)
+        helper.start()
+    with tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize",
+              disable=not progress) as bar:
+        counts = executor.accumulate(_UnitCounterFactory(counter_args, errors, chunk_bytes),
+                                     items, merge_counts, progress=bar.update)
+    if helper is not None:
+        helper.join()
+    return counts
+
+
+class _UnitCounterFactory:
+    """`UnitCounter(...)` as a picklable callable (Dask sends it to other machines)."""
+
+    def __init__(self, counter_args: tuple, errors: str, chunk_bytes: int):
+        self.args = (counter_args, errors, chunk_bytes)
+
+    def __call__(self) -> UnitCounter:
+        return UnitCounter(*self.args)

@@ -149,6 +149,14 @@ class Unit:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     special_tokens: tuple[str, ...] = ()
 
+    @property
+    def size_bytes(self) -> int:
+        """The bytes of the file this unit covers, as stored (Parquet: its share by rows)."""
+        if self.row_group is not None:
+            rows = self.file.row_groups
+            return self.file.size * rows[self.row_group] // max(1, sum(rows))
+        return (self.file.size if self.end is None else self.end) - self.start
+
 
 @dataclass(frozen=True, eq=False)
 class Where:

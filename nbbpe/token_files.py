@@ -1,22 +1,25 @@
-"""Token files: a text file encoded into one flat file of ids, for language-model training.
+"""Token files: a corpus encoded into flat files of ids, for language-model training.
 
 The output is what nanoGPT-style training reads with `np.memmap(path, dtype=..., mode="r")`:
-the ids of the whole text, end to end, with no header. Beside it, `<output>.json` records how it
-was made (dtype, token count, the tokenizer's hash, the source and its size).
+the ids of the whole corpus, end to end, with no header. Beside it, `<output>.json` records how
+it was made (dtype, token count, the tokenizer's hash, the sources and their size). With
+`shard_bytes`, the ids go instead into a directory of shards (`shard_00000.bin`, ...) with an
+`index.json` giving each shard's token count and the dtype.
 
 How `encode_file` works, and why:
 
-- the input is cut into chunks of about `chunk_bytes` at safe places (`corpus.chunk_boundaries`:
-  at special tokens, i.e. document boundaries, or else between a letter or digit and a space or
-  newline), where a cut cannot change any id; so the ids are those of `tokenizer.encode` on the
-  whole text, whatever the number of workers or the chunk size;
-- worker processes read and encode their own chunks; the parent writes the ids in file order,
-  each chunk through a short-lived `np.memmap` window into a file it grows ahead of need and
-  trims at the end. Workers run at most a few chunks ahead of the next one to be written, so
-  memory is bounded by the chunk size, not the input size;
-- the ids go to `<output>.partial`, which is renamed to `<output>` only when complete (and the
-  old sidecar is removed before that rename, the new one written after it): a killed run leaves
-  at most a `.partial` file, which the next run overwrites.
+- the source (a text file, or anything `sources.py` reads) is planned as units of work cut at
+  safe places (`corpus.chunk_boundaries`: at special tokens, i.e. document boundaries, or else
+  between a letter or digit and a space or newline), where a cut cannot change any id; so the
+  ids are those of `tokenizer.encode` on the whole text, whatever the number of workers or the
+  chunk size. Documents of JSONL, Parquet and iterators are each followed by a separator id;
+- worker threads (or Dask workers) read and encode units; the ids are written here in source
+  order, each unit through a short-lived `np.memmap` window into a file grown ahead of need and
+  trimmed at the end. At most a few units run ahead of the next one to be written, so memory is
+  bounded by the unit size, not the corpus size;
+- output goes to `<output>.partial` (shards: `<shard>.partial`), renamed only when complete;
+  an old sidecar or index is removed before, the new one written after: a killed run leaves at
+  most `.partial` files, which the next run overwrites.
 """
 
 from __future__ import annotations
@@ -33,49 +36,49 @@ import numpy as np
 import psutil
 from tqdm import tqdm
 
-from .corpus import (
-    DEFAULT_CHUNK_BYTES,
-    InvalidUTF8Error,
-    check_corpus_path,
-    check_errors_policy,
-    chunk_boundaries,
-    decode_utf8,
-    first_invalid_utf8_error,
-    read_range,
-)
+from .corpus import DEFAULT_CHUNK_BYTES, check_errors_policy, check_utf8
 from .tokenizer import Tokenizer
 from .vocab_files import write_text_atomically
-from .workers import WorkerPool, default_num_workers
 
 SIDECAR_SUFFIX = ".json"
 PARTIAL_SUFFIX = ".partial"
+INDEX_FILE = "index.json"
 FORMAT = "nbbpe token file"
+SHARDS_FORMAT = "nbbpe token shards"
+DOCUMENT_SEPARATOR = "<|endoftext|>"
 _GROW_BYTES = 64 << 20  # the output file is extended this much (at least) at a time
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenFile:
-    """What `encode_file` wrote: the token file, its sidecar and what they record."""
+    """What `encode_file` wrote: the token file (or shard directory), its sidecar (or index)
+    and what they record."""
 
     path: str
     sidecar_path: str
     dtype: str
     num_tokens: int
-    source: str
+    source: str | list[str]
     source_bytes: int
     tokenizer_sha256: str
     seconds: float
+    separator: int | None = None
+    shards: tuple[tuple[str, int], ...] = ()  # (file name, tokens) of each shard
 
     def sidecar(self) -> dict:
-        return {
-            "format": FORMAT,
+        meta = {
+            "format": SHARDS_FORMAT if self.shards else FORMAT,
             "version": 1,
             "dtype": self.dtype,
             "num_tokens": self.num_tokens,
             "tokenizer_sha256": self.tokenizer_sha256,
             "source": self.source,
             "source_bytes": self.source_bytes,
+            "document_separator": self.separator,
         }
+        if self.shards:
+            meta["shards"] = [{"file": name, "num_tokens": n} for name, n in self.shards]
+        return meta
 
 
 def sidecar_path(output_path) -> str:
@@ -83,7 +86,8 @@ def sidecar_path(output_path) -> str:
 
 
 def tokenizer_sha256(tokenizer: Tokenizer) -> str:
-    """SHA-256 of what defines the ids: vocab, merges, special tokens and pattern.
+    """SHA-256 of what defines the ids: vocab, merges (or the merge order of a rank file),
+    special tokens and pattern.
 
     It depends on the tokenizer's content only, so it is the same however the tokenizer was
     loaded (GPT-2 files, pickles, `Tokenizer.load`) or built.
@@ -97,35 +101,60 @@ def tokenizer_sha256(tokenizer: Tokenizer) -> str:
     ids = sorted(tokenizer.vocab)
     digest.update(np.array([len(ids)] + ids, dtype="<i8").tobytes())
     add_tokens([tokenizer.vocab[i] for i in ids])
-    add_tokens([side for pair in tokenizer.merges for side in pair])
+    if tokenizer.merge_order == "merges":
+        add_tokens([side for pair in tokenizer.merges for side in pair])
+    else:
+        add_tokens([b"merge order: ranks"])
     add_tokens([json.dumps(list(tokenizer.special_tokens)).encode("utf-8"),
                 tokenizer.pattern.encode("utf-8")])
     return digest.hexdigest()
 
 
-def _chunk_encoder(tokenizer: Tokenizer, path: str, dtype: np.dtype, errors: str):
-    """The work on one chunk (a worker's handler): read the byte range, decode it, encode it."""
-    trim_heap = _HeapTrimmer()
+class UnitEncoder:
+    """The work on one unit (run by a worker): read it, check its UTF-8, encode its batches."""
 
-    def encode_chunk(byte_range: tuple[int, int]) -> np.ndarray:
-        start, end = byte_range
-        text = decode_utf8(read_range(path, start, end), errors, source=path, offset=start)
-        ids = tokenizer.encode_to_numpy(text, dtype=dtype)
-        del text
-        trim_heap()
-        return ids
+    def __init__(self, tokenizer: Tokenizer, dtype: np.dtype, errors: str, separator: int | None,
+                 chunk_bytes: int):
+        self.tokenizer = tokenizer
+        self.dtype = dtype
+        self.errors = errors
+        self.separator = separator
+        self.chunk_bytes = chunk_bytes
 
-    return encode_chunk
+    def __call__(self, unit) -> np.ndarray:
+        from .sources import Batch, read_unit
+
+        batches = [unit] if isinstance(unit, Batch) else read_unit(
+            unit, chunk_bytes=self.chunk_bytes, errors=self.errors)
+        parts = [self.encode_batch(batch) for batch in batches]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def encode_batch(self, batch) -> np.ndarray:
+        base = batch.where.first if batch.where.kind == "byte" else None
+        data, doc_ends = check_utf8(batch.data, self.errors, batch.place, batch.doc_ends, base)
+        separator = self.separator if batch.documents else None
+        tokenizer = self.tokenizer
+        if tokenizer._family is not None:
+            ids = tokenizer.encode_utf8(data, doc_ends, separator=separator)[0]
+        else:  # the regex path: one document at a time
+            text = data.tobytes()
+            starts = [0, *doc_ends[:-1].tolist()]
+            parts = []
+            for a, b in zip(starts, doc_ends.tolist()):
+                parts.append(tokenizer._encode_text(text[a:b].decode("utf-8")))
+                if separator is not None:
+                    parts.append(np.array([separator], dtype=np.int32))
+            ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+        return ids.astype(self.dtype)
 
 
 class _HeapTrimmer:
     """Gives freed memory back to the OS once this process's RSS has grown by `slack` bytes.
 
-    Each chunk allocates and frees buffers of a few MB (bytes, text, arrays) whose sizes vary;
-    glibc's malloc keeps them in its heap, which fragments, and RSS creeps up with the input
-    size (about 80 MB over 400 MB of text). `malloc_trim` hands the free pages back; calling it
-    only after such growth keeps its cost (faulting the pages in again) small. A no-op where
-    there is no glibc.
+    Each unit allocates and frees buffers of a few MB (bytes, arrays) whose sizes vary; glibc's
+    malloc keeps them in its heap, which fragments, and RSS creeps up with the input size.
+    `malloc_trim` hands the free pages back; calling it only after such growth keeps its cost
+    (faulting the pages in again) small. A no-op where there is no glibc.
     """
 
     def __init__(self, slack: int = 32 << 20):
@@ -165,7 +194,7 @@ class _GrowingTokenWriter:
         if end > self._capacity:
             self._capacity = max(end, self._capacity + max(_GROW_BYTES, self._capacity // 8))
             os.ftruncate(self._file.fileno(), self._capacity)  # sparse: no data written yet
-        # A window per chunk: once unmapped, its pages leave this process's RSS.
+        # A window per unit: once unmapped, its pages leave this process's RSS.
         window = np.memmap(self._file, dtype=self.dtype, mode="r+", offset=start, shape=(len(ids),))
         window[:] = ids
         del window
@@ -182,157 +211,278 @@ class _GrowingTokenWriter:
         self._file.close()
 
 
-def _check_paths(input_path, output_path) -> tuple[str, str]:
-    for name, value in (("input_path", input_path), ("output_path", output_path)):
-        if not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"{name} must be a str or os.PathLike, got {type(value).__name__}")
-    input_path, output_path = os.fspath(input_path), os.fspath(output_path)
-    if os.path.isdir(output_path):
-        raise IsADirectoryError(f"output path is a directory, not a file: {output_path!r}")
-    if os.path.abspath(output_path) == os.path.abspath(input_path) or (
-        os.path.exists(output_path) and os.path.exists(input_path)
-        and os.path.samefile(input_path, output_path)
-    ):
-        raise ValueError(f"output path {output_path!r} is the input file; it would be overwritten")
-    return input_path, output_path
+def _check_output(files, output_path) -> str:
+    if not isinstance(output_path, (str, os.PathLike)):
+        raise TypeError(f"output_path must be a str or os.PathLike, got {type(output_path).__name__}")
+    output_path = os.fspath(output_path)
+    for file in files:
+        if "://" not in file.path and os.path.exists(output_path) and (
+                os.path.abspath(output_path) == os.path.abspath(file.path)
+                or os.path.samefile(file.path, output_path)):
+            raise ValueError(f"output path {output_path!r} is an input file; it would be overwritten")
+    return output_path
+
+
+def separator_id(tokenizer: Tokenizer, separator) -> int | None:
+    """The id that follows each document of JSONL, Parquet or iterator sources: for "auto",
+    the tokenizer's `<|endoftext|>` if it has it as a special token, else none."""
+    if separator is None:
+        return None
+    if separator == "auto":
+        separator = DOCUMENT_SEPARATOR
+        if separator not in tokenizer.special_tokens:
+            return None
+    if not isinstance(separator, str) or separator not in tokenizer.special_tokens:
+        raise ValueError(f"separator {separator!r} is not one of the tokenizer's special tokens "
+                         f"{tokenizer.special_tokens}; give one of them, or None for no separator")
+    return tokenizer._special_ids[separator]
 
 
 def encode_file(
     tokenizer: Tokenizer,
-    input_path: str | os.PathLike,
+    source,
     output_path: str | os.PathLike,
     *,
     num_workers: int | None = None,
+    client=None,
     dtype=None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     errors: str = "strict",
+    separator: str | None = "auto",
+    shard_bytes: int | None = None,
+    text_field: str = "text",
+    text_column: str = "text",
     progress: bool | None = None,
 ) -> TokenFile:
-    """Encode the text file at `input_path` into a flat token file at `output_path`.
+    """Encode a corpus into a flat token file at `output_path` (or a directory of shards).
 
-    The file holds `tokenizer.encode(<whole text>)` as `dtype` (default: uint16 if the vocab has
-    at most 65,536 ids, else uint32), with no header; read it with
-    `np.memmap(output_path, dtype=..., mode="r")` or `open_token_file(output_path)`. A sidecar
-    `<output_path>.json` records the dtype, the number of tokens, the tokenizer's hash
-    (`tokenizer_sha256`) and the source's path and size.
+    `source` is a text file, or any source `nbbpe.sources` reads (a directory, a glob, a list,
+    JSONL with `text_field`, Parquet with `text_column`, compressed files). The file holds
+    `tokenizer.encode(<whole text>)` of each text file, end to end, as `dtype` (default: uint16
+    if the vocab has at most 65,536 ids, else uint32), with no header; each document of a
+    JSONL, Parquet or iterator source is followed by the id of `separator` (default "auto": the
+    tokenizer's `<|endoftext|>` if it has that special token, else nothing; None: nothing).
+    Read it with `open_token_file(output_path)`. A sidecar `<output_path>.json` records the
+    dtype, the number of tokens, the tokenizer's hash and the sources.
 
-    Options: `num_workers` processes encode chunks of about `chunk_bytes` (default: one per CPU;
-    the ids do not depend on either); `errors` is the policy for invalid UTF-8 ("strict" raises
-    naming the byte offset, "replace" reads it as U+FFFD); `progress` shows a progress bar with
-    bytes done, MB/s and time left (default: when stderr is a terminal).
+    With `shard_bytes`, `output_path` is a directory: each shard holds the ids of about
+    `shard_bytes` of input (units in order), and `index.json` lists the shards.
 
-    The output appears only when complete (written as `<output_path>.partial`, then renamed);
-    missing parent directories are created. Chunks are cut at special tokens or between a letter
-    or digit and a space or newline: safe for GPT-2's and cl100k's patterns (a custom pattern must
-    also end a pre-token there). A stretch with no such place is encoded as one chunk.
+    Options: `num_workers` threads encode units of about `chunk_bytes` (default: one per CPU);
+    `client`, a `distributed.Client`, encodes on a Dask cluster instead (the ids come back here
+    in order); the ids depend on neither. `errors` is the policy for invalid UTF-8 ("strict"
+    raises naming the place, "replace" reads it as U+FFFD); `progress` shows a progress bar
+    (default: when stderr is a terminal).
+
+    The output appears only when complete; missing parent directories are created. Text files
+    are cut at special tokens or between a letter or digit and a space or newline: safe for the
+    built-in patterns (a custom pattern must also end a pre-token there).
     """
+    from .sources import plan_units, resolve_source
+    from .train import _executor
+
     if not isinstance(tokenizer, Tokenizer):
         raise TypeError(f"tokenizer must be an nbbpe Tokenizer, got {type(tokenizer).__name__}")
-    input_path, output_path = _check_paths(input_path, output_path)
-    size = check_corpus_path(input_path)
     check_errors_policy(errors)
     dtype = tokenizer.id_dtype(dtype)
-    num_workers = default_num_workers() if num_workers is None else num_workers
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
+    sep = separator_id(tokenizer, separator)
+    if shard_bytes is not None and (isinstance(shard_bytes, bool)
+                                    or not isinstance(shard_bytes, int) or shard_bytes < 1):
+        raise ValueError(f"shard_bytes must be a positive int, got {shard_bytes!r}")
+    executor = _executor(num_workers, client)
+    files = resolve_source(source, text_field=text_field, text_column=text_column)
+    output_path = _check_output(files, output_path)
     if progress is None:
         progress = _stderr_is_terminal()
 
     start_time = time.perf_counter()
-    bounds = chunk_boundaries(input_path, chunk_bytes, tokenizer.special_tokens, size=size)
-    ranges = list(zip(bounds[:-1], bounds[1:]))
-    num_workers = min(num_workers, len(ranges))
-    directory = os.path.dirname(os.path.abspath(output_path))
-    os.makedirs(directory, exist_ok=True)
-    partial = output_path + PARTIAL_SUFFIX
-    writer = _GrowingTokenWriter(partial, dtype)
-    try:
-        with contextlib.ExitStack() as stack:
-            pool = None
-            if num_workers > 1:
-                # Load the encoding kernels here, once, before forking: else each worker loads them.
-                tokenizer.encode_to_numpy("warm up", dtype=dtype)
-                pool = stack.enter_context(WorkerPool(
-                    _chunk_encoder, (tokenizer, input_path, dtype, errors), num_workers,
-                    what=f"encoding {input_path!r}"))
-            # The bar after the fork: its monitor thread must not be running while forking.
-            bar = stack.enter_context(
-                tqdm(total=size, unit="B", unit_scale=True, desc="encode", disable=not progress))
-            if pool is None:
-                encode_chunk = _chunk_encoder(tokenizer, input_path, dtype, errors)
-                for byte_range in ranges:
-                    writer.append(encode_chunk(byte_range))
-                    bar.update(byte_range[1] - byte_range[0])
-            else:
-                try:
-                    _write_in_order(pool, ranges, 2 * num_workers, writer, bar)
-                except InvalidUTF8Error as error:  # name the file's first, whichever came first
-                    raise first_invalid_utf8_error(input_path, ranges, error) from None
-        writer.finish()
-    except BaseException:
-        writer.close()
-        _remove(partial)
-        raise
+    units = plan_units(files, chunk_bytes=chunk_bytes, special_tokens=tokenizer.special_tokens)
+    size = sum(file.size for file in files)
+    encoder = UnitEncoder(tokenizer, dtype, errors, sep, chunk_bytes)
+    if executor.num_workers > 1:
+        tokenizer.encode("warm up")  # build the tables (and load the kernels) once, not per thread
+    results = executor.map(encoder, units)
+    with tqdm(total=size, unit="B", unit_scale=True, desc="encode", disable=not progress) as bar:
+        def progressed(ids_and_unit):
+            bar.update(ids_and_unit[1].size_bytes)
+            return ids_and_unit[0]
 
+        ids_in_order = map(progressed, zip(results, units))
+        if shard_bytes is None:
+            num_tokens, shards = _write_file(ids_in_order, output_path, dtype), ()
+        else:
+            groups = _shard_of_units(units, shard_bytes)
+            shards = _write_shards(ids_in_order, groups, output_path, dtype)
+            num_tokens = sum(n for _, n in shards)
+
+    sources = [file.path for file in files]
     result = TokenFile(
         path=output_path,
-        sidecar_path=sidecar_path(output_path),
+        sidecar_path=os.path.join(output_path, INDEX_FILE) if shards else sidecar_path(output_path),
         dtype=dtype.name,
-        num_tokens=writer.num_tokens,
-        source=os.path.abspath(input_path),
+        num_tokens=num_tokens,
+        source=sources[0] if len(sources) == 1 else sources,
         source_bytes=size,
         tokenizer_sha256=tokenizer_sha256(tokenizer),
         seconds=time.perf_counter() - start_time,
+        separator=sep,
+        shards=tuple(shards),
     )
-    # An old sidecar must never describe the new file: remove it before the file appears.
-    _remove(result.sidecar_path)
-    os.replace(partial, output_path)
+    if not shards:
+        # An old sidecar must never describe the new file: remove it before the file appears.
+        _remove(result.sidecar_path)
+        os.replace(output_path + PARTIAL_SUFFIX, output_path)
     write_text_atomically(result.sidecar_path,
                           json.dumps(result.sidecar(), ensure_ascii=False, indent=1) + "\n")
     return result
 
 
-def _write_in_order(pool: WorkerPool, ranges, ahead: int, writer, bar) -> None:
-    """Hand `ranges` to the pool's workers and write their ids in file order as they come back.
+def _write_file(ids_in_order, output_path: str, dtype: np.dtype) -> int:
+    """Write the ids to `<output_path>.partial`; return how many (the caller renames it)."""
+    if os.path.isdir(output_path):
+        raise IsADirectoryError(f"output path is a directory, not a file: {output_path!r} "
+                                "(pass shard_bytes to write shards into a directory)")
+    os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
+    partial = output_path + PARTIAL_SUFFIX
+    writer = _GrowingTokenWriter(partial, dtype)
+    trim_heap = _HeapTrimmer()
+    try:
+        for ids in ids_in_order:
+            writer.append(ids)
+            trim_heap()
+        writer.finish()
+    except BaseException:
+        writer.close()
+        _remove(partial)
+        raise
+    return writer.num_tokens
 
-    At most `ahead` chunks are handed out but not yet written: that bounds the ids held here
-    while an earlier chunk is still being encoded.
-    """
-    done: dict[int, np.ndarray] = {}
-    submitted = next_to_write = 0
-    while next_to_write < len(ranges):
-        while submitted < len(ranges) and submitted < next_to_write + ahead:
-            pool.submit(submitted, ranges[submitted])
-            submitted += 1
-        index, ids = pool.next_result()
-        done[index] = ids
-        while next_to_write in done:
-            writer.append(done.pop(next_to_write))
-            start, end = ranges[next_to_write]
-            bar.update(end - start)
-            next_to_write += 1
+
+def _shard_of_units(units, shard_bytes: int) -> list[int]:
+    """The shard of each unit: consecutive units, a new shard once one holds `shard_bytes` of
+    input. It depends on the plan only, so every executor writes the same shards."""
+    shard_of = []
+    shard = filled = 0
+    for unit in units:
+        if filled >= shard_bytes:
+            shard += 1
+            filled = 0
+        shard_of.append(shard)
+        filled += unit.size_bytes
+    return shard_of
 
 
-def open_token_file(path: str | os.PathLike) -> np.memmap:
-    """The ids of a token file written by `encode_file`, as a read-only `np.memmap`.
+def _write_shards(ids_in_order, shard_of: list[int], directory: str, dtype: np.dtype):
+    """Write the ids of each group of units to its shard file; return (name, tokens) of each."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise NotADirectoryError(f"with shard_bytes the output path is a directory, but "
+                                 f"{directory!r} is a file")
+    os.makedirs(directory, exist_ok=True)
+    _remove(os.path.join(directory, INDEX_FILE))  # the old index must never describe new shards
+    shards: list[tuple[str, int]] = []
+    writer = None
+    trim_heap = _HeapTrimmer()
+    try:
+        for ids, shard in zip(ids_in_order, shard_of):
+            if writer is None or shard != len(shards) - 1:
+                if writer is not None:
+                    _finish_shard(writer, shards)
+                shards.append((f"shard_{shard:05d}.bin", 0))
+                writer = _GrowingTokenWriter(os.path.join(directory, shards[-1][0]) + PARTIAL_SUFFIX,
+                                             dtype)
+            writer.append(ids)
+            trim_heap()
+        if writer is not None:
+            _finish_shard(writer, shards)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+            _remove(writer.path)
+        raise
+    return shards
 
-    The dtype comes from the sidecar, and the file's size is checked against its token count.
-    """
+
+def _finish_shard(writer: _GrowingTokenWriter, shards: list) -> None:
+    writer.finish()
+    os.replace(writer.path, writer.path[: -len(PARTIAL_SUFFIX)])
+    shards[-1] = (shards[-1][0], writer.num_tokens)
+
+
+class TokenShards:
+    """The ids of a shard directory as one sequence: `len`, integer and slice indexing across
+    shards (a slice gives a NumPy array), and `shards`, each shard's read-only `np.memmap`."""
+
+    def __init__(self, shards: list[np.ndarray], dtype: np.dtype):
+        self.shards = shards
+        self.dtype = dtype
+        self._ends = np.cumsum([len(s) for s in shards], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def __getitem__(self, key):
+        n = len(self)
+        if isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            if step != 1:
+                return self[start:stop][::step]
+            parts = []
+            k = int(np.searchsorted(self._ends, start, side="right"))
+            while start < stop:
+                base = int(self._ends[k - 1]) if k else 0
+                end = min(stop, int(self._ends[k]))
+                parts.append(self.shards[k][start - base : end - base])
+                start = end
+                k += 1
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
+        index = int(key)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"token index {key} out of range for {n} tokens")
+        k = int(np.searchsorted(self._ends, index, side="right"))
+        return self.shards[k][index - (int(self._ends[k - 1]) if k else 0)]
+
+    def __repr__(self) -> str:
+        return f"TokenShards({len(self):,} {self.dtype} ids in {len(self.shards)} shards)"
+
+
+def open_token_file(path: str | os.PathLike):
+    """The ids `encode_file` wrote at `path`: a read-only `np.memmap` for a token file (dtype
+    from its sidecar, size checked against its token count), or `TokenShards` for a shard
+    directory (or its index.json)."""
     path = os.fspath(path)
+    if os.path.isdir(path) or os.path.basename(path) == INDEX_FILE:
+        return _open_shards(path if os.path.isdir(path) else os.path.dirname(path))
     if not os.path.exists(path):
         raise FileNotFoundError(f"token file not found: {path!r}"
                                 + (" (an unfinished run left a .partial file)"
                                    if os.path.exists(path + PARTIAL_SUFFIX) else ""))
     meta = read_sidecar(path)
-    dtype = np.dtype(meta["dtype"])
-    expected = meta["num_tokens"] * dtype.itemsize
+    return _open_checked(path, np.dtype(meta["dtype"]), meta["num_tokens"], sidecar_path(path))
+
+
+def _open_checked(path: str, dtype: np.dtype, num_tokens: int, described_by: str) -> np.ndarray:
+    expected = num_tokens * dtype.itemsize
     actual = os.path.getsize(path)
     if actual != expected:
-        raise ValueError(f"{path}: {actual:,} bytes, but its sidecar records {meta['num_tokens']:,} "
+        raise ValueError(f"{path}: {actual:,} bytes, but {described_by} records {num_tokens:,} "
                          f"{dtype} ids ({expected:,} bytes); the file is incomplete or was changed")
     if expected == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
+
+
+def _open_shards(directory: str) -> TokenShards:
+    index_path = os.path.join(directory, INDEX_FILE)
+    if not os.path.exists(index_path):
+        raise FileNotFoundError(f"no {INDEX_FILE} in {directory!r}: not a shard directory, or "
+                                "its encode_file run did not finish")
+    meta = _read_json(index_path, SHARDS_FORMAT)
+    dtype = np.dtype(meta["dtype"])
+    shards = [_open_checked(os.path.join(directory, s["file"]), dtype, s["num_tokens"], index_path)
+              for s in meta["shards"]]
+    return TokenShards(shards, dtype)
 
 
 def read_sidecar(path: str | os.PathLike) -> dict:
@@ -340,21 +490,23 @@ def read_sidecar(path: str | os.PathLike) -> dict:
     meta_path = sidecar_path(path)
     if not os.path.exists(meta_path):
         raise FileNotFoundError(f"no sidecar {meta_path!r} beside the token file; it records the dtype")
-    with open(meta_path, encoding="utf-8") as f:
+    return _read_json(meta_path, FORMAT)
+
+
+def _read_json(path: str, kind: str) -> dict:
+    with open(path, encoding="utf-8") as f:
         try:
             meta = json.load(f)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{meta_path}: not JSON ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{meta_path}: not an nbbpe token file sidecar")
+            raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != kind:
+        raise ValueError(f"{path}: not an {kind} sidecar")
     return meta
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def _stderr_is_terminal() -> bool:

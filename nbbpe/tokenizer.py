@@ -26,8 +26,7 @@ from typing import NamedTuple
 import numpy as np
 import regex
 
-from .patterns import GPT2_PATTERN, scanner_family
-from .pretokenize import special_token_regex, validate_special_tokens
+from .patterns import GPT2_PATTERN, scanner_family, special_token_regex, validate_special_tokens
 from .vocab_files import (
     Merges,
     Vocab,
@@ -600,11 +599,12 @@ class _Engine(NamedTuple):
     @classmethod
     def build(cls, tokenizer: Tokenizer) -> _Engine:
         from . import encode
+        from .scanners.specials import make_specials
 
         t = tokenizer
         order = np.flatnonzero(t._known)
         token_ids = order.astype(np.int32)
-        specials = encode.make_specials(t._special_ids.items())
+        specials = make_specials(t._special_ids.items())
         special_id_set = set(t._special_ids.values())
         regular = np.array([i not in special_id_set for i in order.tolist()], dtype=bool)
         if t.merge_order == "merges":

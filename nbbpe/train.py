@@ -1,8 +1,9 @@
-"""Training: corpus file -> (vocab, merges) with the exact CS336 semantics."""
+"""Training: a corpus (a source, or an iterable of str) -> (vocab, merges), with the exact CS336
+semantics: count the pre-tokens (pretokenize.py), intern them (intern.py), learn the merges
+(merge.py)."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable
 
@@ -10,8 +11,8 @@ from tqdm import tqdm
 
 from .corpus import DEFAULT_CHUNK_BYTES
 from .intern import intern_words
-from .merge import learn_merges, load_merge_kernels, merge_progress
-from .pretokenize import GPT2_PATTERN, count_pretokens_in_file, validate_special_tokens
+from .patterns import GPT2_PATTERN, validate_special_tokens
+from .pretokenize import count_pretokens_in_source, count_pretokens_in_texts
 
 _MERGES_PER_REPORT = 64  # how often the merge kernel updates the progress bar
 
@@ -20,19 +21,26 @@ Merges = list[tuple[bytes, bytes]]
 
 
 def train_bpe(
-    input_path: str | os.PathLike,
+    source,
     vocab_size: int,
     special_tokens: Iterable[str] | None = None,
     *,
     num_workers: int | None = None,
+    client=None,
     pattern: str = GPT2_PATTERN,
     pretokenizer: str = "auto",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     errors: str = "strict",
+    text_field: str = "text",
+    text_column: str = "text",
     progress: bool | None = None,
     timings: dict | None = None,
 ) -> tuple[Vocab, Merges]:
-    """Train a byte-level BPE tokenizer on the text file at `input_path`.
+    """Train a byte-level BPE tokenizer on a corpus.
+
+    `source` is a text file, or any source `nbbpe.sources` reads: a directory, a glob, a list,
+    JSONL (`text_field`), Parquet (`text_column`), compressed files. Each JSONL line, Parquet row
+    and file is a document; a document boundary is as hard as a special token.
 
     Returns `vocab` (id -> bytes: ids 0-255 are the single bytes, then the special tokens in the
     order given, then one id per merge in order of creation) and `merges` (the (left, right)
@@ -40,14 +48,62 @@ def train_bpe(
     pre-tokenization, so they never take part in counts and no merge crosses them. Each round
     merges the most frequent pair, ties going to the greatest (left bytes, right bytes).
 
-    Options: `num_workers` processes pre-tokenize chunks of about `chunk_bytes` (default: one per
-    CPU); `pattern` is the pre-tokenization regex (GPT-2's by default); `pretokenizer` is "auto"
-    (the compiled scanner for GPT-2's pattern, `regex` for any other) or "regex" (the reference
-    path, for any pattern); `errors` is the policy for
-    invalid UTF-8 ("strict" raises naming the byte offset, "replace" reads it as U+FFFD);
-    `progress` shows a progress bar (default: when stderr is a terminal); `timings`, if given a
-    dict, receives the seconds spent in each phase.
+    Options: `num_workers` threads count units of about `chunk_bytes` (default: one per CPU);
+    `client`, a `distributed.Client`, counts on a Dask cluster instead (the merges run here);
+    `pattern` is the pre-tokenization regex (GPT-2's by default; cl100k's and o200k's are
+    compiled too); `pretokenizer` is "auto" (a compiled scanner where one implements the
+    pattern, `regex` otherwise), "compiled" or "regex" (the reference path, for any pattern);
+    `errors` is the policy for invalid UTF-8 ("strict" raises naming the place, "replace" reads
+    it as U+FFFD); `progress` shows progress bars (default: when stderr is a terminal);
+    `timings`, if given a dict, receives the seconds spent in each phase. The result does not
+    depend on the number of workers, the chunk size or the cluster.
     """
+    from .merge import load_merge_kernels
+
+    specials, num_merges, progress = _check_training(vocab_size, special_tokens, progress)
+    t0 = time.perf_counter()
+    counts = count_pretokens_in_source(
+        source, specials, pattern=pattern, pretokenizer=pretokenizer,
+        executor=_executor(num_workers, client), chunk_bytes=chunk_bytes, errors=errors,
+        progress=progress, text_field=text_field, text_column=text_column,
+        meanwhile=load_merge_kernels,
+    )
+    return _learn(counts, specials, num_merges, progress, timings, t0)
+
+
+def train_bpe_from_iterator(
+    texts: Iterable[str],
+    vocab_size: int,
+    special_tokens: Iterable[str] | None = None,
+    *,
+    num_workers: int | None = None,
+    client=None,
+    pattern: str = GPT2_PATTERN,
+    pretokenizer: str = "auto",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    errors: str = "strict",
+    progress: bool | None = None,
+    timings: dict | None = None,
+) -> tuple[Vocab, Merges]:
+    """`train_bpe` on an iterable of str, each a document (e.g. a generator over a dataset).
+
+    It is read once, lazily, in batches of about `chunk_bytes` counted in parallel, so memory
+    stays bounded; the merges are those of a text file holding the documents joined by a
+    special token. Lone surrogates in a string follow `errors` ("replace": U+FFFD).
+    """
+    from .merge import load_merge_kernels
+
+    specials, num_merges, progress = _check_training(vocab_size, special_tokens, progress)
+    t0 = time.perf_counter()
+    counts = count_pretokens_in_texts(
+        texts, specials, pattern=pattern, pretokenizer=pretokenizer,
+        executor=_executor(num_workers, client), chunk_bytes=chunk_bytes, errors=errors,
+        progress=progress, meanwhile=load_merge_kernels,
+    )
+    return _learn(counts, specials, num_merges, progress, timings, t0)
+
+
+def _check_training(vocab_size, special_tokens, progress):
     specials = validate_special_tokens(special_tokens)
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
@@ -57,26 +113,30 @@ def train_bpe(
             f"vocab_size={vocab_size} is too small: the 256 byte tokens and "
             f"{len(specials)} special token(s) alone need {smallest}"
         )
-    if progress is None:
-        progress = _stderr_is_terminal()
+    return specials, vocab_size - smallest, _stderr_is_terminal() if progress is None else progress
 
-    t0 = time.perf_counter()
-    counts = count_pretokens_in_file(
-        input_path,
-        specials,
-        pattern=pattern,
-        pretokenizer=pretokenizer,
-        num_workers=num_workers,
-        chunk_bytes=chunk_bytes,
-        errors=errors,
-        progress=progress,
-        meanwhile=load_merge_kernels,
-    )
+
+def _executor(num_workers, client):
+    """Where the counting runs: a Dask cluster if `client` is given, else local threads."""
+    if client is not None:
+        if num_workers is not None:
+            raise ValueError("give num_workers or client, not both (the cluster has its workers)")
+        from .distributed import DaskExecutor
+
+        return DaskExecutor(client)
+    from .workers import LocalExecutor
+
+    return LocalExecutor(num_workers)
+
+
+def _learn(counts, specials, num_merges, progress, timings, t0):
+    """The merge loop on counted pre-tokens, and the vocab and merges it makes."""
+    from .merge import learn_merges, merge_progress
+
     t1 = time.perf_counter()
     words = intern_words(counts)
     del counts
     t2 = time.perf_counter()
-    num_merges = vocab_size - smallest
     with tqdm(total=num_merges, unit="merge", desc="merge", disable=not progress) as bar:
         with merge_progress(lambda done: bar.update(done - bar.n)):
             left, right = learn_merges(words.tokens, words.offsets, words.counts, num_merges,

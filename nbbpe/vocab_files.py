@@ -15,7 +15,6 @@ one "base64(token) id" line per token).
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import os
 import pickle

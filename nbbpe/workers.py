@@ -1,27 +1,26 @@
-"""Worker processes that run one handler over tasks sent by the parent (e.g. byte ranges of a file).
+"""The local worker pool: threads of this process running a stage's work on units of work.
 
-The parent submits tasks one at a time, so it decides how far ahead of the slowest task the
-workers may run (that bounds the results waiting in memory). Failures never hang and never go
-unreported: an exception in a worker is raised in the parent with the worker's traceback, a worker
-that dies (killed, out of memory) is reported with its exit code, and workers exit by themselves
-when the parent dies, so a killed run leaves no process behind.
+The compiled kernels release the GIL, so threads share the tokenizer's tables and a worker's
+results without copying or pickling, and start at once. Two shapes of work cover every stage:
 
-Workers are forked where the OS allows it, so they start at once and share what the parent has
-already loaded (compiled kernels, a tokenizer); elsewhere they are spawned, and the handler
-factory and its arguments must then be picklable.
+- `accumulate`: each worker keeps a state (e.g. a table of counted pre-tokens) that it adds
+  units to, then the workers' states are combined once (training);
+- `map`: a function of each unit, results handed back in the units' order with a bounded number
+  running ahead of the next one (encoding into a file written in order).
+
+`nbbpe.distributed.DaskExecutor` offers the same two methods on a Dask cluster, so every stage
+runs unchanged on either. Failures never hang and are never lost: the first error (in the order
+of the units) is raised in the caller once the other workers have stopped.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import pickle
-import queue
-import sys
-import traceback
-from collections.abc import Callable
-
-_POLL_SECONDS = 0.5  # how often a waiting parent checks for dead workers, and workers for a dead parent
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 
 def default_num_workers() -> int:
@@ -32,125 +31,104 @@ def default_num_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def process_context():
-    """fork starts workers at once and shares the imported modules; elsewhere, spawn."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+def check_num_workers(num_workers: int | None) -> int:
+    if num_workers is None:
+        return default_num_workers()
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
+    return num_workers
 
 
-def _serve(make_handler, args, parent_pid, tasks, results) -> None:
-    """Worker: build the handler, then answer tasks until a None (or until the parent is gone)."""
-    try:
-        handle = make_handler(*args)
-        while True:
+class LocalExecutor:
+    """Runs units of work on `num_workers` threads (default: one per CPU)."""
+
+    def __init__(self, num_workers: int | None = None):
+        self.num_workers = check_num_workers(num_workers)
+
+    def accumulate(self, make_state: Callable[[], Any], units: Iterable, combine: Callable,
+                   progress: Callable[[int], object] | None = None):
+        """`combine([state.finish() for each worker])`, where each worker's state is
+        `make_state()` and every unit is given to one worker's `state.add(unit)` (which returns
+        an amount of work done, for `progress`). `units` may be an iterator: it is read once,
+        lazily, so memory stays bounded."""
+        source = _SharedIterator(units)
+        stop = threading.Event()
+        failures: list[tuple[int, BaseException]] = []
+        finals: list = []
+        lock = threading.Lock()
+
+        def work() -> None:
+            index = -1
             try:
-                item = tasks.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                if os.getppid() != parent_pid:  # orphaned: nobody will read the results
-                    os._exit(1)
-                continue
-            if item is None:
-                finish = getattr(handle, "finish", None)
-                if finish is not None:  # a handler that accumulates sends its total once
-                    results.put(("final", None, finish()))
-                return
-            key, task = item
-            results.put(("done", key, handle(task)))
-    except BaseException as exc:  # report every failure; the parent raises it
-        try:
-            pickle.dumps(exc)
-        except Exception:  # the queue pickles in a thread, where a failure would be lost
-            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
-        results.put(("error", exc, traceback.format_exc()))
-        results.close()
-        results.join_thread()  # the message is in the pipe before the exit code is set
-        sys.exit(1)
+                state = make_state()
+                while not stop.is_set():
+                    item = source.next()
+                    if item is None:
+                        break
+                    index, unit = item
+                    done = state.add(unit)
+                    if progress is not None:
+                        with lock:
+                            progress(done)
+                final = state.finish()
+                with lock:
+                    finals.append(final)
+            except BaseException as exc:  # every failure is reported, the first in unit order
+                with lock:
+                    failures.append((index, exc))
+                stop.set()
 
-
-class WorkerPool:
-    """`num_workers` processes, each running `make_handler(*args)(task)` on submitted tasks.
-
-    `submit(key, task)` queues a task; `next_result()` returns `(key, result)` of some finished
-    task (in no particular order), raising a worker's exception or a `RuntimeError` naming a dead
-    worker. A handler that accumulates (e.g. counts over all its tasks) may have a `finish()`
-    method: `finish()` on the pool collects what each worker's returns. Use as a context
-    manager: leaving it stops the workers.
-    """
-
-    def __init__(self, make_handler: Callable, args: tuple, num_workers: int, *, what: str):
-        self.what = what
-        context = process_context()
-        self._tasks = context.Queue()
-        self._results = context.Queue()
-        self._workers = [
-            context.Process(target=_serve, daemon=True,
-                            args=(make_handler, args, os.getpid(), self._tasks, self._results))
-            for _ in range(num_workers)
-        ]
-        self.pending = 0
-        for worker in self._workers:
-            worker.start()
-
-    def submit(self, key, task) -> None:
-        self._tasks.put((key, task))
-        self.pending += 1
-
-    def next_result(self):
-        if not self.pending:
-            raise RuntimeError("next_result: no task is pending")
-        message = self._next_message("done")
-        self.pending -= 1
-        return message[1], message[2]
-
-    def finish(self) -> list:
-        """Ask every worker to stop and return what its handler's `finish()` gives, one per
-        worker, once all submitted tasks' results have been taken with `next_result`."""
-        if self.pending:
-            raise RuntimeError("finish: results of submitted tasks are still pending")
-        for _ in self._workers:
-            self._tasks.put(None)
-        return [self._next_message("final")[2] for _ in self._workers]
-
-    def _next_message(self, kind: str):
-        """The next message of `kind` from a worker; raises its error, or names a dead worker."""
-        while True:
+        if self.num_workers == 1:
+            work()
+        else:
+            threads = [threading.Thread(target=work, name=f"nbbpe-worker-{k}", daemon=True)
+                       for k in range(self.num_workers)]
+            for thread in threads:
+                thread.start()
             try:
-                message = self._results.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                # Workers exit by themselves only after sending their final message.
-                dead = [w for w in self._workers if w.exitcode is not None
-                        and (w.exitcode != 0 or kind != "final")]
-                if not dead:
-                    continue
-                try:  # a worker that failed put its error first: take it if it is there
-                    message = self._results.get(timeout=_POLL_SECONDS)
-                except queue.Empty:
-                    raise RuntimeError(
-                        f"a worker process died (exit code {dead[0].exitcode}) while {self.what}; "
-                        "no result was produced"
-                    ) from None
-            if message[0] == "error":
-                raise message[1] from RuntimeError(f"in a worker process:\n{message[2]}")
-            if message[0] == kind:
-                return message
+                for thread in threads:
+                    thread.join()
+            except BaseException:  # e.g. KeyboardInterrupt: stop the others before leaving
+                stop.set()
+                raise
+        if failures:
+            raise min(failures, key=lambda f: f[0])[1]
+        return combine(finals)
 
-    def close(self) -> None:
-        """Stop the workers: ask them to finish, and end any that are still busy."""
-        for _ in self._workers:
-            self._tasks.put(None)
-        for worker in self._workers:
-            if self.pending:  # abandoned work (an error, an interrupt): do not wait for it
-                worker.terminate()
-            worker.join(timeout=5)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
-        self._tasks.close()
-        self._results.close()
-        self._tasks.cancel_join_thread()  # the sentinels may never be read
+    def map(self, fn: Callable, units: Iterable, *, ahead: int | None = None) -> Iterator:
+        """`fn(unit)` of every unit, in the units' order; at most `ahead` (default: twice the
+        workers) are started before the result of the oldest is taken."""
+        ahead = max(1, ahead or 2 * self.num_workers)
+        if self.num_workers == 1:
+            yield from map(fn, units)
+            return
+        with ThreadPoolExecutor(self.num_workers, thread_name_prefix="nbbpe-worker") as pool:
+            pending: deque = deque()
+            try:
+                for unit in units:
+                    pending.append(pool.submit(fn, unit))
+                    if len(pending) >= ahead:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+            finally:
+                for future in pending:  # a failure or a consumer that stopped: drop the rest
+                    future.cancel()
 
-    def __enter__(self) -> WorkerPool:
-        return self
 
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+class _SharedIterator:
+    """`next()` of an iterable from several threads: (index, item), or None at the end."""
+
+    def __init__(self, items: Iterable):
+        self._items = iter(items)
+        self._lock = threading.Lock()
+        self._index = 0
+
+    def next(self):
+        with self._lock:
+            try:
+                item = next(self._items)
+            except StopIteration:
+                return None
+            self._index += 1
+            return self._index - 1, item

@@ -9,7 +9,7 @@ from collections import Counter
 
 import regex
 
-from nbbpe.pretokenize import GPT2_PATTERN
+from nbbpe.patterns import GPT2_PATTERN
 
 
 def reference_pretoken_counts(text, special_tokens=(), pattern=GPT2_PATTERN):

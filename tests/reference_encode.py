@@ -9,7 +9,7 @@ import json
 
 import regex
 
-from nbbpe.pretokenize import GPT2_PATTERN
+from nbbpe.patterns import GPT2_PATTERN
 
 
 def gpt2_byte_decoder():

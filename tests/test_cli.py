@@ -106,7 +106,7 @@ def test_a_plain_gpt2_style_directory_takes_special_tokens_from_the_command_line
     (["encode", "--tokenizer", "{tmp}"], "no tokenizer in"),
     (["encode", "--tokenizer", "{tok}", "{tmp}/missing.txt"], "corpus file not found"),
     (["encode", "--tokenizer", "{tok}", "--special-token", "<|x|>"], "only for plain vocab.json"),
-    (["encode", "--tokenizer", "{tok}", "{tmp}/in.txt", "{tmp}/in.txt"], "is the input file"),
+    (["encode", "--tokenizer", "{tok}", "{tmp}/in.txt", "{tmp}/in.txt"], "is an input file"),
     (["train", "{tmp}/in.txt", "--vocab-size", "100", "--out", "{tmp}/t"], "vocab_size=100 is too small"),
     (["info", "{tmp}/nowhere"], "tokenizer directory not found"),
 ])

@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbbpe.corpus import chunk_boundaries, safe_boundary_after
-from nbbpe.pretokenize import CL100K_PATTERN, GPT2_PATTERN, PreTokenizer
+from nbbpe.patterns import CL100K_PATTERN, GPT2_PATTERN
+from nbbpe.pretokenize import PreTokenizer
 
 EOT = "<|endoftext|>"
 ALPHABET = ["a", "Z", "9", " ", "  ", "\n", "\r\n", "\t", "'", "'s", "'ll", ".", "-", "é", "中",

@@ -1,6 +1,6 @@
-"""The compiled GPT-2 pre-tokenizer against its slow twin, `regex` itself: the character classes on
-every code point, pre-token boundaries on the fixture texts and on hypothesis strings of tricky
-characters, special-token splitting, fused counts and their merging, invalid UTF-8."""
+"""The compiled counting of pre-tokens against its slow twin, `regex` itself: counts on the fixture
+texts, on the shared corpora and on hypothesis strings of tricky characters, special tokens cut
+out, documents kept apart, tables merged, invalid UTF-8 under both policies."""
 
 from collections import Counter
 from pathlib import Path
@@ -12,20 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbbpe.corpus import InvalidUTF8Error
-from nbbpe.pretokenize import GPT2_PATTERN, special_token_regex
-from nbbpe.pretokenize_kernels import (
-    LETTER,
-    NUMBER,
-    OTHER,
-    SPACE,
-    PretokenCounter,
-    char_classes,
-    classify_utf8,
-    count_gpt2,
-    first_invalid_utf8,
-    merge_counts,
-    scan_gpt2,
-    split_special_tokens,
+from nbbpe.patterns import GPT2_PATTERN, special_token_regex
+from nbbpe.pretokenize_kernels import PretokenCounter, count_pretokens, merge_counts
+from nbbpe.scanners.classes import first_invalid_utf8
+from nbbpe.scanners.gpt2 import (
+    LETTER_CLASS,
+    NUMBER_CLASS,
+    OTHER_CLASS,
+    SPACE_CLASS,
+    class_table,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -76,34 +71,19 @@ def read(name):
     return (FIXTURES / name).read_text(encoding="utf-8")
 
 
-def utf8_offsets(text):
-    """UTF-8 byte offset of every character index of `text`, and of its end."""
-    code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    lengths = 1 + (code_points >= 0x80) + (code_points >= 0x800) + (code_points >= 0x10000)
-    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-
-
-def regex_spans(text):
-    """(starts, ends) of `regex.finditer(GPT2_PATTERN, text)`, in UTF-8 bytes."""
-    spans = np.array([m.span() for m in GPT2.finditer(text)], dtype=np.int64).reshape(-1, 2)
-    offsets = utf8_offsets(text)
-    return offsets[spans[:, 0]], offsets[spans[:, 1]]
-
-
-def regex_counts(text, special_tokens=()):
-    """Counter(findall) over the stretches between special tokens, keyed by UTF-8 bytes."""
+def regex_counts(text, special_tokens=(), documents=None):
+    """Counter(findall) over the stretches between special tokens of each document, keyed by
+    UTF-8 bytes."""
     specials = special_token_regex(special_tokens)
     counts = Counter()
-    for segment in specials.split(text) if specials else [text]:
-        counts.update(word.encode("utf-8") for word in GPT2.findall(segment))
+    for document in documents if documents is not None else [text]:
+        for segment in specials.split(document) if specials else [document]:
+            counts.update(word.encode("utf-8") for word in GPT2.findall(segment))
     return counts
 
 
-def assert_scan_matches_regex(text):
-    starts, ends = scan_gpt2(text.encode("utf-8"))
-    want_starts, want_ends = regex_spans(text)
-    np.testing.assert_array_equal(starts, want_starts)
-    np.testing.assert_array_equal(ends, want_ends)
+def count_gpt2(buf, special_tokens=(), errors="strict"):
+    return count_pretokens(buf, "gpt2", special_tokens, errors)
 
 
 def assert_well_formed(table):
@@ -117,73 +97,22 @@ def assert_well_formed(table):
 # --- character classes ------------------------------------------------------------------------
 
 
-def test_char_classes_agree_with_regex_on_every_code_point():
-    classes = char_classes()
+def test_gpt2_classes_agree_with_regex_on_every_code_point():
+    classes = class_table()
     assert classes.shape == (0x110000,) and classes.dtype == np.uint8
     every_char = np.arange(0x110000, dtype=np.uint32)
-    for code, pattern in [(LETTER, r"\p{L}"), (NUMBER, r"\p{N}"), (SPACE, r"\s"),
-                          (OTHER, r"[^\s\p{L}\p{N}]")]:
+    for code, pattern in [(LETTER_CLASS, r"\p{L}"), (NUMBER_CLASS, r"\p{N}"),
+                          (SPACE_CLASS, r"\s"), (OTHER_CLASS, r"[^\s\p{L}\p{N}]")]:
         members = every_char[classes == code].tobytes().decode("utf-32-le", "surrogatepass")
         others = every_char[classes != code].tobytes().decode("utf-32-le", "surrogatepass")
         assert members and regex.fullmatch(f"{pattern}+", members) is not None, pattern
         assert regex.search(pattern, others) is None, pattern
 
 
-# --- boundaries -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", FIXTURE_TEXTS)
-def test_scan_matches_regex_on_fixture_texts(name):
-    assert_scan_matches_regex(read(name))
-
-
 @pytest.mark.skipif(not SHARED_CORPUS.exists(), reason="the shared development corpora are absent")
-def test_scan_and_counts_match_regex_on_the_whole_shared_multilingual_corpus():
+def test_counts_match_regex_on_the_whole_shared_multilingual_corpus():
     text = SHARED_CORPUS.read_text(encoding="utf-8")
-    assert_scan_matches_regex(text)
     assert count_gpt2(text.encode("utf-8"), [EOT]).to_dict() == regex_counts(text, [EOT])
-
-
-@settings(max_examples=400)
-@given(any_texts)
-def test_scan_matches_regex_on_generated_texts(text):
-    assert_scan_matches_regex(text)
-
-
-@pytest.mark.parametrize("text", [
-    "", " ", "   ", "a", " a", "  a", "\n a", "\n\na", " \n", "a \t", "a  ", "don't", "DON'T",
-    "x 's", "''s", "'''", "'ll've", " 'll", "a\u00a0b", "a \u00a0b", "1 2  3", "x\x1c\x1dy",
-])
-def test_scan_matches_regex_on_small_cases(text):
-    assert_scan_matches_regex(text)
-
-
-def test_scan_of_segments_scans_each_stretch_alone():
-    text = read("pretok_multilingual.txt")
-    buf = text.encode("utf-8")
-    seg_starts, seg_ends, _ = split_special_tokens(buf, [EOT])
-    starts, ends = scan_gpt2(buf, segments=(seg_starts, seg_ends))
-    got = [buf[a:b].decode("utf-8") for a, b in zip(starts.tolist(), ends.tolist())]
-    want = [word for segment in text.split(EOT) for word in GPT2.findall(segment)]
-    assert got == want
-
-
-# --- special tokens ---------------------------------------------------------------------------
-
-
-@settings(max_examples=300)
-@given(texts_with_specials, st.sampled_from(SPECIAL_SETS))
-def test_split_special_tokens_matches_regex_split(text, special_tokens):
-    buf = text.encode("utf-8")
-    starts, ends, which = split_special_tokens(buf, special_tokens)
-    specials = special_token_regex(special_tokens)
-    assert [buf[a:b].decode("utf-8") for a, b in zip(starts, ends)] == specials.split(text)
-    assert [special_tokens[t] for t in which] == specials.findall(text)
-
-
-def test_split_without_special_tokens_is_the_whole_buffer():
-    starts, ends, which = split_special_tokens(b"a <|endoftext|> b", [])
-    assert starts.tolist() == [0] and ends.tolist() == [17] and which.tolist() == []
 
 
 # --- counting ---------------------------------------------------------------------------------
@@ -223,7 +152,7 @@ def test_counter_over_chunks_equals_counting_the_whole():
     text = read("tinystories_sample.txt") + read("pretok_multilingual.txt")
     buf = text.encode("utf-8")
     cuts = [m.start() for m in regex.finditer(regex.escape(EOT.encode()), buf)]
-    counter = PretokenCounter([EOT])
+    counter = PretokenCounter("gpt2", [EOT])
     for start, end in zip([0] + cuts, cuts + [len(buf)]):
         counter.add(buf[start:end])
     assert counter.result().to_dict() == regex_counts(text, [EOT])
@@ -241,9 +170,16 @@ def test_merge_counts_sums_tables_in_any_order():
     assert merge_counts([merge_counts(tables[:2]), merge_counts(tables[2:])]).to_dict() == want
 
 
+@settings(max_examples=200)
+@given(st.lists(st.one_of(tricky_texts, texts_with_specials), max_size=6))
+def test_documents_are_texts_of_their_own(documents):
+    data = [d.encode("utf-8") for d in documents]
+    counter = PretokenCounter("gpt2", [EOT])
+    counter.add(b"".join(data), np.cumsum([len(d) for d in data], dtype=np.int64))
+    assert counter.result().to_dict() == regex_counts("", [EOT], documents)
+
+
 def test_empty_inputs():
-    starts, ends = scan_gpt2(b"")
-    assert starts.size == 0 and ends.size == 0
     for buf in [b"", EOT.encode(), (EOT * 3).encode()]:
         table = count_gpt2(buf, [EOT])
         assert table.counts.size == 0 and table.word_offsets.tolist() == [0]
@@ -264,7 +200,8 @@ def python_first_invalid(buf):
 @settings(max_examples=300)
 @given(st.one_of(mixed_bytes, st.binary(max_size=40)))
 def test_first_invalid_utf8_agrees_with_python(buf):
-    assert first_invalid_utf8(buf) == python_first_invalid(buf)
+    data = np.frombuffer(buf, dtype=np.uint8)
+    assert first_invalid_utf8(data, 0, len(data)) == python_first_invalid(buf)
 
 
 @settings(max_examples=300)
@@ -272,20 +209,16 @@ def test_first_invalid_utf8_agrees_with_python(buf):
 def test_replace_policy_equals_regex_on_the_replaced_text(buf):
     text = buf.decode("utf-8", errors="replace")
     assert count_gpt2(buf, [EOT], errors="replace").to_dict() == regex_counts(text, [EOT])
-    replaced, _ = classify_utf8(buf, "replace")
-    assert replaced.tobytes() == text.encode("utf-8")
-    starts, ends = scan_gpt2(replaced)
-    np.testing.assert_array_equal(np.stack([starts, ends]), np.stack(regex_spans(text)))
 
 
-def test_strict_policy_raises_naming_the_byte_offset():
+def test_strict_policy_raises_naming_the_place():
     buf = "héllo wörld ".encode() + b"\xe2\x82 more"
-    with pytest.raises(InvalidUTF8Error, match="byte offset 14"):
-        scan_gpt2(buf)
-    with pytest.raises(InvalidUTF8Error, match="byte offset 14"):
+    with pytest.raises(InvalidUTF8Error, match="buffer byte 14: invalid UTF-8") as info:
         count_gpt2(buf)
-    with pytest.raises(InvalidUTF8Error, match=r"corpus\.txt: invalid UTF-8 at byte offset 1014"):
-        PretokenCounter().add(buf, source="corpus.txt", offset=1000)
+    assert info.value.offset is None
+    with pytest.raises(InvalidUTF8Error, match=r"corpus\.txt byte 1014: invalid UTF-8") as info:
+        PretokenCounter().add(buf, place=lambda k: f"corpus.txt byte {1000 + k}", offset_base=1000)
+    assert info.value.offset == 1014
 
 
 def test_strict_failure_leaves_the_counter_unchanged():
@@ -301,10 +234,10 @@ def test_strict_failure_leaves_the_counter_unchanged():
 
 def test_bad_arguments_are_named():
     with pytest.raises(TypeError, match="uint8"):
-        scan_gpt2(np.zeros(4, dtype=np.int32))
+        count_gpt2(np.zeros(4, dtype=np.int32))
     with pytest.raises(ValueError, match="errors must be one of"):
         count_gpt2(b"a", errors="ignore")
     with pytest.raises(ValueError, match="more than once"):
         count_gpt2(b"a", [EOT, EOT])
     with pytest.raises(ValueError, match="non-empty"):
-        split_special_tokens(b"a", [""])
+        count_gpt2(b"a", [""])

@@ -1,0 +1,61 @@
+"""Special tokens in the kernels: cut out of the text before pre-tokenization, longest first.
+
+Matching bytes equals `regex`'s matching of the alternation of the tokens sorted longest first
+on the decoded text: in valid UTF-8 a token's encoding can only match at character boundaries.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+
+class Specials(NamedTuple):
+    """Special tokens: their UTF-8 bytes end to end, longest first, with offsets, an id for
+    each in that order, and which bytes can start one."""
+
+    data: np.ndarray  # uint8
+    offsets: np.ndarray  # int64
+    ids: np.ndarray  # int32
+    first_bytes: np.ndarray  # bool[256]
+
+
+def make_specials(tokens_and_ids) -> Specials:
+    """`Specials` from (token str, id) pairs."""
+    ordered = sorted(tokens_and_ids, key=lambda item: len(item[0].encode("utf-8")), reverse=True)
+    encoded = [token.encode("utf-8") for token, _ in ordered]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    first = np.zeros(256, dtype=np.bool_)
+    for e in encoded:
+        first[e[0]] = True
+    return Specials(np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets,
+                    np.array([i for _, i in ordered], dtype=np.int32), first)
+
+
+@njit(inline="always")
+def next_special(buf, i, end, specials):
+    """(where, which): the first special-token occurrence in buf[i:end], the longest at that
+    place, as an index into `specials`; or (end, -1)."""
+    offsets = specials.offsets
+    n_tokens = offsets.shape[0] - 1
+    if n_tokens == 0:
+        return end, -1
+    while i < end:
+        if specials.first_bytes[buf[i]]:
+            for t in range(n_tokens):
+                lo = offsets[t]
+                length = offsets[t + 1] - lo
+                if i + length > end:
+                    continue
+                same = True
+                for m in range(length):
+                    if buf[i + m] != specials.data[lo + m]:
+                        same = False
+                        break
+                if same:
+                    return i, t
+        i += 1
+    return end, -1
