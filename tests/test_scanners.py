@@ -1,0 +1,264 @@
+"""The compiled scanners of every pattern family against `regex` itself: pre-token spans (in UTF-8
+bytes) on the fixture texts, the shared corpora and hypothesis strings weighted toward what makes
+each pattern tricky; segments scanned as texts of their own; the tables' classes on every code
+point; the claims the scanners rely on (pre-tokens tile the text; tiktoken's spelling of GPT-2's
+pattern finds the same pre-tokens)."""
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import regex
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nbbpe.patterns import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN, TIKTOKEN_GPT2_PATTERN
+from nbbpe.scanners import cl100k, gpt2, o200k
+from nbbpe.scanners.classes import N_CODE_POINTS, every_code_point
+
+FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURE_TEXTS = sorted(path.name for path in FIXTURES.glob("*.txt")) + ["corpus.en"]
+CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
+CORPUS_NAMES = ["web_5M.txt", "multi_1M.txt", "tinystories_real.txt"]
+CORPUS_CHARS = 1_000_000  # of each corpus: enough for every kind of text in it, and fast
+
+# Family -> (spans kernel, its table); pattern -> family, every spelling a family implements.
+FAMILIES = {
+    "gpt2": (gpt2.gpt2_spans, gpt2.class_table),
+    "cl100k": (cl100k.cl100k_spans, cl100k.class_table),
+    "o200k": (o200k.o200k_spans, o200k.class_table),
+}
+PATTERNS = {
+    "gpt2": GPT2_PATTERN,
+    "gpt2-tiktoken": TIKTOKEN_GPT2_PATTERN,
+    "cl100k": CL100K_PATTERN,
+    "o200k": O200K_PATTERN,
+}
+FAMILY_OF = {"gpt2": "gpt2", "gpt2-tiktoken": "gpt2", "cl100k": "cl100k", "o200k": "o200k"}
+COMPILED = {name: regex.compile(pattern) for name, pattern in PATTERNS.items()}
+
+# Pieces that stress each rule of the patterns, weighted by how many times each is listed.
+TRICKY_PIECES = {
+    # contractions: the apostrophe, every suffix letter in every case, the letters `regex` folds
+    # to them (U+017F long s; U+212A Kelvin sign folds to k, no suffix letter), near misses
+    "'": 16, "s": 3, "S": 2, "\u017f": 3, "t": 2, "T": 2, "d": 2, "D": 1, "m": 2, "M": 1,
+    "l": 2, "L": 2, "ll": 2, "LL": 1, "lL": 1, "Ll": 1, "v": 1, "V": 1, "ve": 2, "VE": 1, "vE": 1,
+    "r": 1, "R": 1, "re": 2, "RE": 1, "Re": 1, "e": 2, "E": 1, "\u212a": 1, "k": 1,
+    "'s": 3, "'S": 2, "'\u017f": 2, "'T": 1, "'ll": 2, "'LL": 1, "'Ve": 1, "'rE": 1, "'D": 1,
+    "\u2019": 1, "\u2019s": 1,
+    # letters: lower, upper, title case (U+01C5, U+01C8), modifier (Lm) and other (Lo) letters,
+    # combining marks (Mn, Mc, Me) alone and after letters, Devanagari with vowel signs
+    "a": 6, "b": 2, "Zz": 2, "A": 3, "HTML": 1, "é": 2, "ß": 1, "\u01c5": 2, "\u01c8": 1,
+    "\u02b0": 1, "\u30fc": 1, "\u3005": 1, "\u00aa": 1, "中文": 2, "中": 1, "ا": 1, "한": 1,
+    "𝔘": 1, "\u0301": 4, "e\u0301": 2, "E\u0301": 1, "\u0300\u0301": 1, "\u20dd": 1,
+    "नमस्ते": 1, "क": 1, "ि": 1, "\u0903": 1, "ǅx": 1, "Ǆ": 1, "ǆ": 1,
+    # numbers in groups of 1 to 7, and numbers of other kinds
+    "1": 4, "12": 2, "123": 2, "1234": 2, "12345": 1, "123456": 1, "1234567": 1, "٣": 1,
+    "५": 1, "Ⅻ": 1, "½": 1, "²": 1, "𝟙": 1,
+    # other characters, `/` after punctuation, emoji with ZWJ and variation selectors
+    "!": 3, ".": 2, ",": 2, "-": 1, "/": 3, "//": 1, "</": 1, "\"": 1, "(": 1, "<": 1,
+    "\x00": 1, "\ufffd": 1, "👍": 1, "👍🏽": 1, "👨\u200d👩\u200d👧": 1, "#\ufe0f\u20e3": 1,
+    "\u200d": 1, "\ufe0f": 1,
+    # whitespace: runs and mixes of \r, \n, spaces, other whitespace (ASCII and not), and
+    # characters some definitions count as whitespace and `regex` may not
+    " ": 16, "  ": 3, "   ": 1, "\n": 6, "\n\n": 2, "\r\n": 3, "\r": 2, "\r\n\r\n": 1, "\t": 2,
+    "\x0b": 1, "\x0c": 1, "\x1c": 1, "\x1d": 1, "\x1e": 1, "\x1f": 1, "\x85": 1, "\u00a0": 2,
+    "\u1680": 1, "\u2000": 1, "\u2028": 1, "\u2029": 1, "\u202f": 1, "\u3000": 2, "\u180e": 1,
+    "\u200b": 1, "\ufeff": 1,
+}
+TRICKY_ALPHABET = [piece for piece, weight in TRICKY_PIECES.items() for _ in range(weight)]
+tricky_pieces = st.sampled_from(TRICKY_ALPHABET)
+# Short texts, and long ones (hypothesis keeps lists short unless told a minimum size).
+tricky_texts = st.one_of(st.lists(tricky_pieces, max_size=10),
+                         st.lists(tricky_pieces, min_size=10, max_size=60)).map("".join)
+# Trailing whitespace decides `\s++$` and `\s+(?!\S)`: end some texts with it.
+TRAILING = ["", " ", "  ", "\n", " \n", "\n ", "\r\n", "\t", "\u00a0", "\u3000 "]
+tricky_texts_with_ends = st.tuples(tricky_texts, st.sampled_from(TRAILING)).map("".join)
+any_texts = st.one_of(tricky_texts_with_ends, st.text(max_size=60))
+
+
+def read(name):
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def utf8_offsets(text):
+    """UTF-8 byte offset of every character index of `text`, and of its end."""
+    code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    lengths = 1 + (code_points >= 0x80) + (code_points >= 0x800) + (code_points >= 0x10000)
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def regex_spans(name, text):
+    """The spans of `regex.finditer(PATTERNS[name], text)`, in UTF-8 bytes, shape (n, 2)."""
+    spans = np.array([m.span() for m in COMPILED[name].finditer(text)], dtype=np.int64)
+    return utf8_offsets(text)[spans.reshape(-1, 2)]
+
+
+def scan_spans(family, buf, segments):
+    """The spans the family's kernel finds in each (start, end) segment of `buf`, shape (n, 2)."""
+    spans_kernel, class_table = FAMILIES[family]
+    buf = np.frombuffer(buf, dtype=np.uint8)
+    seg_starts = np.array([start for start, _ in segments], dtype=np.int64)
+    seg_ends = np.array([end for _, end in segments], dtype=np.int64)
+    starts = np.empty(buf.size, dtype=np.int64)
+    ends = np.empty(buf.size, dtype=np.int64)
+    n = spans_kernel(buf, class_table(), seg_starts, seg_ends, starts, ends)
+    return np.stack([starts[:n], ends[:n]], axis=1)
+
+
+def assert_scan_matches_regex(name, text):
+    buf = text.encode("utf-8")
+    got = scan_spans(FAMILY_OF[name], buf, [(0, len(buf))])
+    want = regex_spans(name, text)
+    if not np.array_equal(got, want):  # show the first pre-token that differs, as text
+        k = next((k for k in range(min(len(got), len(want))) if tuple(got[k]) != tuple(want[k])),
+                 min(len(got), len(want)))
+
+        def pieces(spans):
+            return [buf[a:b].decode("utf-8", "replace") for a, b in spans[k:k + 3]]
+
+        pytest.fail(f"{name}: pre-token {k} differs: scanner {pieces(got)!r}, regex "
+                    f"{pieces(want)!r}, after {buf[max(0, want[k][0] - 40):want[k][0]]!r}"
+                    if k < len(want) else f"{name}: the scanner finds more pre-tokens")
+
+
+# --- the fixture texts and the shared corpora -------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+@pytest.mark.parametrize("fixture", FIXTURE_TEXTS)
+def test_scanner_matches_regex_on_fixture_texts(name, fixture):
+    assert_scan_matches_regex(name, read(fixture))
+
+
+@pytest.fixture(scope="module", params=CORPUS_NAMES)
+def corpus_text(request):
+    path = CORPORA / request.param
+    if not path.exists():
+        pytest.skip("the shared development corpora are absent")
+    with path.open(encoding="utf-8") as f:
+        return f.read(CORPUS_CHARS)
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_scanner_matches_regex_on_shared_corpora(name, corpus_text):
+    assert_scan_matches_regex(name, corpus_text)
+
+
+# --- generated texts ----------------------------------------------------------------------------
+
+
+@settings(max_examples=600)
+@given(text=any_texts)
+def test_scanners_match_regex_on_generated_texts(text):
+    for name in PATTERNS:  # one text for all (generating it costs more than checking it)
+        assert_scan_matches_regex(name, text)
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+@pytest.mark.parametrize("text", [
+    "", " ", "   ", "a", " a", "  a", "\n a", "\n\na", " \n", "a \t", "a  ", "don't", "DON'T",
+    "x 's", "''s", "'''", "'ll've", " 'll", "a\u00a0b", "a \u00a0b", "1 2  3", "x\x1c\x1dy",
+    "'\u017f", "x'\u017f", "X'LL", "'\u212a", "..hello", " ..hello", "(hello", "\u00a0hello",
+    "\thello", "\r\nhello", "\nhello", "  \n  ", "a\n  ", "a \n\n  \n  b", " \r\n\r\n x",
+    "1234567", " 1234", "a1234b", "!\n/x", "!!\r\n//\n/a", " /\n", "e\u0301", "\u0301",
+    " \u0301", "\u0301\u0301a", "\u0301AB", "\u0301AB c", ".AB", "ABc", "ABC中DEF",
+    "中文abc", "abc中文", "\u01c5x", "x\u01c5", "\u01c5", "HTMLParser", "नमस्ते दुनिया",
+    "a'S", "A'Ll", "ab'VE", "\u0301's", "xyz'", "x'", "'", "👨\u200d👩\u200d👧 ok",
+])
+def test_scanner_matches_regex_on_small_cases(name, text):
+    assert_scan_matches_regex(name, text)
+
+
+def test_contraction_letters_in_every_position():
+    """Every pair of the letters `regex` folds to a suffix letter (and their ASCII neighbours)
+    after an apostrophe, alone and after a word, in each family."""
+    folded = set()
+    for letter in "sdmtlverk":
+        folded.update(map(chr, cl100k.case_insensitive_matches(letter).tolist()))
+    letters = sorted(folded | set("abcxyzABCXYZ") | {"\u00df", "\u0131", "\u0130"})
+    pairs = [a + b for a in letters for b in letters] + letters
+    for prefix in ["\n'", "\nx'", "\nX'", "\n\u0301'"]:
+        text = "".join(prefix + pair for pair in pairs)
+        for name in PATTERNS:
+            assert_scan_matches_regex(name, text)
+
+
+# --- segments -----------------------------------------------------------------------------------
+
+
+@settings(max_examples=150)
+@given(texts=st.lists(any_texts, min_size=1, max_size=5),
+       gaps=st.lists(st.sampled_from(["", "<|endoftext|>", "x", " ", "\n", "1", "'s", "\u0301"]),
+                     min_size=5, max_size=5))
+def test_segments_are_each_matched_as_a_text_of_their_own(texts, gaps):
+    # What lies between segments (here `gaps`, e.g. a special token) is never looked at: the
+    # end of a segment is the end of its text for `$`, lookaheads and possessive quantifiers.
+    buf = b""
+    segments = []
+    for text, gap in zip(texts, gaps):
+        start = len(buf)
+        buf += text.encode("utf-8")
+        segments.append((start, len(buf)))
+        buf += gap.encode("utf-8")
+    for family in FAMILIES:
+        want = [regex_spans(family, text) + start for text, (start, _) in zip(texts, segments)]
+        got = scan_spans(family, buf, segments)
+        np.testing.assert_array_equal(got, np.concatenate(want).reshape(-1, 2), family)
+
+
+# --- the claims the scanners rely on ------------------------------------------------------------
+
+
+@settings(max_examples=400)
+@given(text=any_texts)
+def test_pre_tokens_tile_the_text_and_both_gpt2_spellings_agree(text):
+    # Every character starts a non-empty match, so each match starts where the previous ended and
+    # no character is left out: the scanners only need to find where each pre-token ends.
+    for name, pattern in COMPILED.items():
+        position = 0
+        for match in pattern.finditer(text):
+            assert match.start() == position and match.end() > position, name
+            position = match.end()
+        assert position == len(text), name
+    # Why both spellings of GPT-2's pattern are recognised as the gpt2 family.
+    assert COMPILED["gpt2-tiktoken"].findall(text) == COMPILED["gpt2"].findall(text)
+
+
+# --- the tables ---------------------------------------------------------------------------------
+
+
+@functools.cache
+def members(char_class):
+    """Which code points `regex` puts in `char_class` (bool over 0..0x10FFFF)."""
+    found = np.zeros(N_CODE_POINTS, dtype=bool)
+    for match in regex.finditer(f"{char_class}+", every_code_point()):
+        found[match.start():match.end()] = True
+    return found
+
+
+def test_cl100k_table_agrees_with_regex_on_every_code_point():
+    table = cl100k.class_table()
+    assert table.dtype == np.uint8 and table.shape == (N_CODE_POINTS,)
+    assert not table.flags.writeable and cl100k.class_table() is table
+    for bit, char_class in [(cl100k.LETTER, r"\p{L}"), (cl100k.NUMBER, r"\p{N}"),
+                            (cl100k.SPACE, r"\s")]:
+        np.testing.assert_array_equal((table & bit) != 0, members(char_class), char_class)
+    codes = table >> cl100k.CONTRACTION_SHIFT
+    for code, letter in enumerate(cl100k.CONTRACTION_LETTERS, 1):
+        np.testing.assert_array_equal(codes == code, members(f"(?i:{letter})"), letter)
+
+
+def test_o200k_table_agrees_with_regex_on_every_code_point():
+    table = o200k.class_table()
+    assert table.dtype == np.uint16 and table.shape == (N_CODE_POINTS,)
+    assert not table.flags.writeable and o200k.class_table() is table
+    for bit, char_class in [(o200k.IN_UPPER, r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"),
+                            (o200k.IN_LOWER, r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"),
+                            (o200k.MARK, r"\p{M}"), (o200k.NUMBER, r"\p{N}"),
+                            (o200k.SPACE, r"\s"), (o200k.OTHER, r"[^\s\p{L}\p{N}]")]:
+        np.testing.assert_array_equal((table & bit) != 0, members(char_class), char_class)
+    codes = table >> o200k.CONTRACTION_SHIFT
+    for code, letter in enumerate(o200k.CONTRACTION_LETTERS, 1):
+        np.testing.assert_array_equal(codes == code, members(f"(?i:{letter})"), letter)
