@@ -44,9 +44,11 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .scanners.cl100k import cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
+from .scanners.o200k import o200k_pretoken_end
 from .scanners.specials import Specials, next_special
-from .scanners.spans import WINDOW, scan_window
+from .scanners.spans import WINDOW, no_blocks, scan_window
 
 MERGES, RANKS = 0, 1  # merge orders
 NO_MERGE = np.int64(np.iinfo(np.int64).max)
@@ -96,9 +98,10 @@ def new_table(max_entries: int, max_key_len: int = 256) -> Table:
 EMPTY_TABLE = Table(np.zeros(2, np.int64), np.zeros(1, np.int32), np.zeros(3, np.int64), 63, 0, 0)
 
 
-def scratch_for(length: int) -> np.ndarray:
-    """Scratch space for a window of pre-tokens and merging pre-tokens of up to `length` bytes."""
-    return np.empty(WINDOW + max(_HEAP_ABOVE + 1, 8 * length + 4), dtype=np.int64)
+def new_scratch() -> np.ndarray:
+    """Scratch space of the kernels: a window of pre-token ends, and the pair ranks of a short
+    pre-token being merged."""
+    return np.empty(WINDOW + _HEAP_ABOVE + 1, dtype=np.int64)
 
 
 # --- the rank table ---------------------------------------------------------------------------
@@ -138,7 +141,7 @@ def _fill_ranks(left, right, rank, id_bits, rank_bits, bits):
     return slots
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def _pair_rank(ranks, a, b):
     """The rank of pair (a, b), or NO_MERGE if it does not merge."""
     pair = (np.int64(a) << ranks.id_bits) | np.int64(b)
@@ -263,23 +266,41 @@ def _heap_pop(heap, size):
 
 
 @njit(cache=True, nogil=True)
-def _merge_on_heap(work, lo, m, ranks, scratch):
-    """Either order on work[lo:lo + m] in O(m log m); return the new length.
+def encode_long_piece(buf, start, end, ranks, vocab, out):
+    """Write the ids of pre-token buf[start:end] to `out`; return how many. For pre-tokens
+    longer than `_HEAP_ABOVE` bytes (rare: compiled on first use): a token in RANKS order,
+    else merged on a heap."""
+    length = end - start
+    if length <= vocab.max_key_len:
+        key, code = _key(buf, start, end)
+        s = _find(vocab, key, code, buf, start, length)
+        if s >= 0:
+            return _copy_ids(vocab, s, out, np.int64(0))
+    for i in range(length):
+        out[i] = ranks.byte_ids[buf[start + i]]
+    return _merge_on_heap(out, ranks)
+
+
+@njit(cache=True, nogil=True)
+def _merge_on_heap(work, ranks):
+    """Either order on the byte ids `work` in O(m log m), in place; return the new length.
 
     Tokens form a linked list by original position; the heap holds (rank, position) of every
     pair that may merge, as one int64 (rank << 32 | position: the leftmost first on ties).
     An entry is stale if the pair at its position has changed since (a changed pair always has
     another rank); it is skipped when popped. In MERGES order a round merges every occurrence
     of one pair, so the pairs a round creates wait until it ends (GPT-2 looks for the next pair
-    only after the sweep). `scratch` holds at least 8 * m + 4 items.
+    only after the sweep).
     """
-    nxt = scratch[0:m]
-    prv = scratch[m : 2 * m]
-    rank_at = scratch[2 * m : 3 * m]  # rank of the pair starting at each live position, or -1
-    heap = scratch[3 * m : 5 * m + 2]
-    waiting = scratch[5 * m + 2 : 7 * m + 4]
-    size = 0
-    n_waiting = 0
+    lo = 0
+    m = work.shape[0]
+    nxt = np.empty(m, dtype=np.int64)
+    prv = np.empty(m, dtype=np.int64)
+    rank_at = np.empty(m, dtype=np.int64)  # rank of the pair starting at each live position, or -1
+    heap = np.empty(2 * m + 2, dtype=np.int64)
+    waiting = np.empty(2 * m + 2, dtype=np.int64)
+    size = np.int64(0)
+    n_waiting = np.int64(0)
     for i in range(m):
         nxt[i] = i + 1 if i + 1 < m else -1
         prv[i] = i - 1
@@ -298,7 +319,7 @@ def _merge_on_heap(work, lo, m, ranks, scratch):
             for k in range(n_waiting):  # the round is over: its new pairs join the heap
                 _heap_push(heap, size, waiting[k])
                 size += 1
-            n_waiting = 0
+            n_waiting = np.int64(0)
             continue
         _heap_pop(heap, size)
         size -= 1
@@ -327,7 +348,7 @@ def _merge_on_heap(work, lo, m, ranks, scratch):
             else:
                 _heap_push(heap, size, (q << 32) | a)
                 size += 1
-    w = 0
+    w = np.int64(0)
     i = 0  # the first token is never merged away
     while i >= 0:
         work[lo + w] = work[lo + i]
@@ -336,21 +357,10 @@ def _merge_on_heap(work, lo, m, ranks, scratch):
     return w
 
 
-@njit(cache=True, nogil=True)
-def merge_piece(work, lo, m, ranks, scratch):
-    """Merge the byte ids work[lo:lo + m] in place in the table's order; return the new length.
-    `scratch` holds at least `len(scratch_for(m))` items."""
-    if m > _HEAP_ABOVE:
-        return _merge_on_heap(work, lo, m, ranks, scratch)
-    if ranks.mode == MERGES:
-        return _merge_rounds(work, lo, m, scratch, ranks)
-    return _merge_leftmost(work, lo, m, scratch, ranks)
-
-
 # --- tables of encoded pre-tokens ----------------------------------------------------------------
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def _load8(buf, i):
     """Bytes buf[i:i + 8] as a little-endian uint64 (one load: LLVM merges the byte loads)."""
     return (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
@@ -359,7 +369,7 @@ def _load8(buf, i):
             | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def _key(buf, start, end):
     """(key, length code) of buf[start:end]: its bytes packed if it has at most eight, else a
     hash of its 8-byte chunks."""
@@ -384,7 +394,7 @@ def _key(buf, start, end):
             return np.int64(key), _LONG
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def _find(table, key, code, buf, start, length):
     """The slot of `table` holding pre-token buf[start:start + length] (key and code from
     `_key`), or -1 - the empty slot where it would go."""
@@ -412,7 +422,7 @@ def _find(table, key, code, buf, start, length):
         s = (s + 1) & mask
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def _copy_ids(table, s, out, w):
     """Write the ids stored at slot s to out[w:]; return how many."""
     meta = table.slots[2 * s + 1]
@@ -441,7 +451,7 @@ def _store(table, key, code, slot, buf, start, length, ids, w, m):
         fill[0] = 0
         fill[1] = 0
         fill[2] += 1
-        r = 0
+        r = np.int64(0)
         slot = -1 - _find(table, key, code, buf, start, length)
     slots[2 * slot] = key
     if need == 0:
@@ -459,13 +469,14 @@ def _store(table, key, code, slot, buf, start, length, ids, w, m):
     fill[1] += 1
 
 
-@njit(cache=True, nogil=True)
-def _encode_new(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, scratch):
-    """Encode pre-token buf[start:end], not in the cache, into out[w:]: from the vocab table if
-    its bytes are a token's, else by merging; remember it in `cache` if it may be (`slot` from
-    `_find`, or 0 if it is too long); return the number of ids."""
+@njit(inline="always")  # into the two kernels below: `merge` is a compile-time choice
+def _encode_new(merge, buf, start, end, key, code, slot, out, w, ranks, vocab, cache, pairs):
+    """Encode pre-token buf[start:end] (at most `_HEAP_ABOVE` bytes), not in the cache, into
+    out[w:]: from the vocab table if its bytes are a token's, else by merging; remember it in
+    `cache` if it may be (`slot` from `_find`, or 0 if it is too long); return the number of
+    ids."""
     length = end - start
-    m = 0
+    m = np.int64(0)
     if length <= vocab.max_key_len:
         s = _find(vocab, key, code, buf, start, length)
         if s >= 0:
@@ -473,15 +484,30 @@ def _encode_new(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, s
     if m == 0:
         for i in range(length):
             out[w + i] = ranks.byte_ids[buf[start + i]]
-        m = merge_piece(out, w, length, ranks, scratch)
+        m = merge(out, w, length, pairs, ranks)
     if slot < 0:
         _store(cache, key, code, -1 - slot, buf, start, length, out, w, m)
     return m
 
 
-@njit(inline="always")
-def _encode_piece(buf, start, end, out, w, ranks, vocab, cache, scratch):
-    """Write the ids of pre-token buf[start:end] to out[w:]; return the new w."""
+@njit(cache=True, nogil=True, _nrt=False)
+def _encode_new_merges(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, pairs):
+    """`_encode_new` in MERGES order."""
+    return _encode_new(_merge_rounds, buf, start, end, key, code, slot, out, w, ranks, vocab,
+                       cache, pairs)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _encode_new_ranks(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, pairs):
+    """`_encode_new` in RANKS order."""
+    return _encode_new(_merge_leftmost, buf, start, end, key, code, slot, out, w, ranks, vocab,
+                       cache, pairs)
+
+
+@njit(inline="always")  # into each kernel, with its `encode_new`
+def _encode_piece(encode_new, buf, start, end, out, w, ranks, vocab, cache, pairs):
+    """Write the ids of pre-token buf[start:end] (at most `_HEAP_ABOVE` bytes) to out[w:];
+    return the new w."""
     length = end - start
     if length == 1:
         out[w] = ranks.byte_ids[buf[start]]
@@ -495,28 +521,29 @@ def _encode_piece(buf, start, end, out, w, ranks, vocab, cache, scratch):
             slot = _find(cache, key, code, buf, start, length)
             if slot >= 0:
                 return w + _copy_ids(cache, slot, out, w)
-    return w + _encode_new(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, scratch)
+    return w + encode_new(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, pairs)
 
 
 # --- the one pass ------------------------------------------------------------------------------
 
 
 @njit(inline="always")  # into each family's kernel, as `spans.scan_window`
-def encode_documents(scanner, block_scanner, buf, table, doc_ends, separator, specials, ranks,
-                     vocab, cache, scratch, out, doc_out_ends, out_base, doc, i):
+def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, separator,
+                     specials, ranks, vocab, cache, scratch, out, doc_out_ends, out_base, doc, i):
     """Encode documents doc, doc + 1, ... of `buf` (document d ends at doc_ends[d]; the first
     starts at byte i) into `out`; return (ids written, next document, next byte, need).
 
     Each document is a text of its own; special tokens are cut out of it (longest first) and
     become their ids; after each document comes `separator` unless it is negative. Stops early,
-    at the start of a pre-token, when `out` might not hold its ids, or when `scratch` is too
-    small to merge it (then `need` is its length, else 0): call again from there with room.
+    at the start of a pre-token, when `out` might not hold its ids, or when it is longer than
+    `_HEAP_ABOVE` bytes (then `need` is its length, else 0: encode it with `encode_long_piece`
+    and call again after it).
     `doc_out_ends[d]` receives out_base + the number of ids written up to the end of document d.
     """
     cap = out.shape[0]
     window = scratch[:WINDOW]
-    scratch = scratch[WINDOW:]
-    w = 0
+    pairs = scratch[WINDOW:]
+    w = np.int64(0)
     n_docs = doc_ends.shape[0]
     while doc < n_docs:
         end = doc_ends[doc]
@@ -528,9 +555,9 @@ def encode_documents(scanner, block_scanner, buf, table, doc_ends, separator, sp
                     return w, doc, i, 0
                 for t in range(n):
                     j = window[t]
-                    if j - i > _HEAP_ABOVE and 8 * (j - i) + 4 > scratch.shape[0]:
+                    if j - i > _HEAP_ABOVE:
                         return w, doc, i, j - i
-                    w = _encode_piece(buf, i, j, out, w, ranks, vocab, cache, scratch)
+                    w = _encode_piece(encode_new, buf, i, j, out, w, ranks, vocab, cache, pairs)
                     i = j
             if which >= 0:
                 if w + 1 > cap:
@@ -549,58 +576,152 @@ def encode_documents(scanner, block_scanner, buf, table, doc_ends, separator, sp
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_gpt2(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
-                doc_out_ends, out_base, doc, i):
-    """`encode_documents` with GPT-2's scanner."""
-    return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, buf, table, doc_ends,
-                            separator, specials, ranks, vocab, cache, scratch, out, doc_out_ends,
-                            out_base, doc, i)
-
-
-ENCODERS = {"gpt2": encode_gpt2}  # scanner family -> its `encode_documents` kernel
-
-
-def encoder_for(family: str):
-    """(class table, encode kernel) of a scanner family."""
-    from .scanners import gpt2
-
-    tables = {"gpt2": gpt2.class_table}
-    return tables[family](), ENCODERS[family]
+def encode_gpt2_merges(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+                       out, doc_out_ends, out_base, doc, i):
+    """`encode_documents` with GPT-2's scanner, in MERGES order."""
+    return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, _encode_new_merges, buf,
+                            table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+                            out, doc_out_ends, out_base, doc, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_pieces(buf, offsets, special_slots, special_ids, ranks, vocab, cache, scratch, out):
-    """The ids of pre-tokens found elsewhere (by `regex`): piece k is buf[offsets[k]:offsets[k+1]],
-    and the pieces listed in `special_slots` are special tokens with ids `special_ids`.
-    `out` holds one id per byte, `scratch` enough for the longest piece; returns how many ids
-    were written."""
-    scratch = scratch[WINDOW:]
-    w = 0
-    next_slot = 0
-    for k in range(offsets.shape[0] - 1):
+def encode_gpt2_ranks(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+                      out, doc_out_ends, out_base, doc, i):
+    """`encode_documents` with GPT-2's scanner, in RANKS order."""
+    return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, _encode_new_ranks, buf,
+                            table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+                            out, doc_out_ends, out_base, doc, i)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def encode_cl100k_merges(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+                         out, doc_out_ends, out_base, doc, i):
+    """`encode_documents` with cl100k's scanner, in MERGES order."""
+    return encode_documents(cl100k_pretoken_end, no_blocks, _encode_new_merges, buf, table,
+                            doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
+                            doc_out_ends, out_base, doc, i)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def encode_cl100k_ranks(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+                        out, doc_out_ends, out_base, doc, i):
+    """`encode_documents` with cl100k's scanner, in RANKS order."""
+    return encode_documents(cl100k_pretoken_end, no_blocks, _encode_new_ranks, buf, table,
+                            doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
+                            doc_out_ends, out_base, doc, i)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def encode_o200k_merges(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+                        out, doc_out_ends, out_base, doc, i):
+    """`encode_documents` with o200k's scanner, in MERGES order."""
+    return encode_documents(o200k_pretoken_end, no_blocks, _encode_new_merges, buf, table,
+                            doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
+                            doc_out_ends, out_base, doc, i)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def encode_o200k_ranks(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+                       out, doc_out_ends, out_base, doc, i):
+    """`encode_documents` with o200k's scanner, in RANKS order."""
+    return encode_documents(o200k_pretoken_end, no_blocks, _encode_new_ranks, buf, table,
+                            doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
+                            doc_out_ends, out_base, doc, i)
+
+
+# scanner family -> its `encode_documents` kernels, in MERGES and RANKS order
+ENCODERS = {
+    "gpt2": (encode_gpt2_merges, encode_gpt2_ranks),
+    "cl100k": (encode_cl100k_merges, encode_cl100k_ranks),
+    "o200k": (encode_o200k_merges, encode_o200k_ranks),
+}
+
+
+def warm_up(family: str, mode: int) -> None:
+    """Compile (or load) a family's encode kernel in one merge order, on a tiny input of the
+    argument types real calls use (see `kernel_cache`)."""
+    from .scanners.specials import make_specials
+
+    byte_ids = np.arange(256, dtype=np.int32)
+    ranks = build_ranks(np.array([97]), np.array([98]), np.array([0]), np.array([256]), byte_ids,
+                        mode)
+    table, kernel = encoder_for(family, mode)
+    buf = np.frombuffer(b"ab ab<|x|>", dtype=np.uint8)
+    out = np.empty(len(buf) + 2, dtype=np.int32)
+    kernel(buf, table, np.array([len(buf)], dtype=np.int64), -1, make_specials([("<|x|>", 257)]),
+           ranks, EMPTY_TABLE, new_table(16), new_scratch(), out, np.empty(1, dtype=np.int64),
+           0, 0, 0)
+
+
+def encoder_for(family: str, mode: int):
+    """(class table, encode kernel) of a scanner family, in merge order `mode`."""
+    from .scanners import cl100k, gpt2, o200k
+
+    tables = {"gpt2": gpt2.class_table, "cl100k": cl100k.class_table, "o200k": o200k.class_table}
+    return tables[family](), ENCODERS[family][mode]
+
+
+@njit(inline="always")  # into the two kernels below
+def _encode_pieces(encode_new, buf, offsets, special_slots, special_ids, ranks, vocab, cache,
+                   scratch, out, k):
+    """The ids of pre-tokens found elsewhere (by `regex`), from piece k on: piece k is
+    buf[offsets[k]:offsets[k + 1]], and the pieces listed in `special_slots` are special tokens
+    with ids `special_ids`. `out` holds one id per byte. Returns (ids written, next piece,
+    need): it stops before a piece longer than `_HEAP_ABOVE` bytes (`need`, its length)."""
+    pairs = scratch[WINDOW:]
+    w = np.int64(0)
+    next_slot = np.searchsorted(special_slots, k)
+    n = offsets.shape[0] - 1
+    while k < n:
         if next_slot < special_slots.shape[0] and special_slots[next_slot] == k:
             out[w] = special_ids[next_slot]
             w += 1
             next_slot += 1
+        elif offsets[k + 1] - offsets[k] > _HEAP_ABOVE:
+            return w, k, offsets[k + 1] - offsets[k]
         elif offsets[k + 1] > offsets[k]:
-            w = _encode_piece(buf, offsets[k], offsets[k + 1], out, w, ranks, vocab, cache, scratch)
-    return w
+            w = _encode_piece(encode_new, buf, offsets[k], offsets[k + 1], out, w, ranks, vocab,
+                              cache, pairs)
+        k += 1
+    return w, k, 0
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def encode_pieces_merges(buf, offsets, special_slots, special_ids, ranks, vocab, cache, scratch,
+                         out, k):
+    """`_encode_pieces` in MERGES order."""
+    return _encode_pieces(_encode_new_merges, buf, offsets, special_slots, special_ids, ranks,
+                          vocab, cache, scratch, out, k)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def encode_pieces_ranks(buf, offsets, special_slots, special_ids, ranks, vocab, cache, scratch,
+                        out, k):
+    """`_encode_pieces` in RANKS order."""
+    return _encode_pieces(_encode_new_ranks, buf, offsets, special_slots, special_ids, ranks,
+                          vocab, cache, scratch, out, k)
+
+
+PIECE_ENCODERS = (encode_pieces_merges, encode_pieces_ranks)
 
 
 # --- the vocab table ---------------------------------------------------------------------------
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _fill_vocab_table(token_bytes, token_offsets, token_ids, ranks, table, scratch, work):
     """Store every token of two or more bytes with the ids its own bytes encode to: in RANKS
     order the token itself (tiktoken's rule), in MERGES order whatever the merges make of them
-    (nearly always the token too, but a merge list need not promise it)."""
+    (nearly always the token too, but a merge list need not promise it; tokens longer than
+    `_HEAP_ABOVE` bytes are left to `encode_long_piece`)."""
     for t in range(token_ids.shape[0]):
         start = token_offsets[t]
         end = token_offsets[t + 1]
         length = end - start
         if length < 2 or length > table.max_key_len:
             continue
+        if ranks.mode == MERGES and length > _HEAP_ABOVE:
+            continue  # merged when it is met (`encode_long_piece`)
         key, code = _key(token_bytes, start, end)
         slot = _find(table, key, code, token_bytes, start, length)
         if slot >= 0:
@@ -611,8 +732,8 @@ def _fill_vocab_table(token_bytes, token_offsets, token_ids, ranks, table, scrat
         else:
             for i in range(length):
                 work[i] = ranks.byte_ids[token_bytes[start + i]]
-            m = merge_piece(work, 0, length, ranks, scratch)
-        _store(table, key, code, -1 - slot, token_bytes, start, length, work, 0, m)
+            m = _merge_rounds(work, np.int64(0), length, scratch, ranks)
+        _store(table, key, code, -1 - slot, token_bytes, start, length, work, np.int64(0), m)
 
 
 def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_ids: np.ndarray,
@@ -626,22 +747,17 @@ def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_
     extra = 2 * int(lengths[lengths > 1].sum()) + 3 * n + 64  # records: at most 2 + 2 * length
     table = table._replace(records=np.zeros(max(len(table.records), extra), dtype=np.int32))
     _fill_vocab_table(token_bytes, token_offsets, np.ascontiguousarray(token_ids, np.int32),
-                      ranks, table, scratch_for(longest), np.empty(longest, np.int32))
+                      ranks, table, np.empty(_HEAP_ABOVE + 1, np.int64),
+                      np.empty(_HEAP_ABOVE, np.int32))
     return table
 
 
-@njit(cache=True, nogil=True)
-def _split_pairs(token_bytes, token_offsets, token_ids, byte_ids, vocab):
-    """(left, right, rank) of every way to cut a token into two tokens: the pairs that merge
-    in RANKS order, each ranked by the token it makes (ids are ranks)."""
-    n = 0
-    for t in range(token_ids.shape[0]):
-        i = token_ids[t]
-        n += max(0, token_offsets[i + 1] - token_offsets[i] - 1)
-    left = np.empty(n, dtype=np.int64)
-    right = np.empty(n, dtype=np.int64)
-    rank = np.empty(n, dtype=np.int64)
-    k = 0
+@njit(cache=True, nogil=True, _nrt=False)
+def _split_pairs(token_bytes, token_offsets, token_ids, byte_ids, vocab, left, right, rank):
+    """Write (left, right, rank) of every way to cut a token into two tokens: the pairs that
+    merge in RANKS order, each ranked by the token it makes (ids are ranks); return how many.
+    The arrays have room for one per cut."""
+    k = np.int64(0)
     for t in range(token_ids.shape[0]):
         i = token_ids[t]
         start = token_offsets[i]
@@ -654,10 +770,10 @@ def _split_pairs(token_bytes, token_offsets, token_ids, byte_ids, vocab):
                 right[k] = b
                 rank[k] = i
                 k += 1
-    return left[:k], right[:k], rank[:k]
+    return k
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def _token_id(buf, start, end, byte_ids, vocab):
     """The id of token buf[start:end] (from the vocab table in RANKS order), or -1."""
     if end - start == 1:
@@ -668,7 +784,10 @@ def _token_id(buf, start, end, byte_ids, vocab):
     s = _find(vocab, key, code, buf, start, end - start)
     if s < 0:
         return -1
-    return np.int64(vocab.slots[2 * s + 1] >> 5)
+    meta = vocab.slots[2 * s + 1]
+    if meta & _SINGLE:
+        return np.int64(meta >> 5)
+    return np.int64(vocab.records[(meta >> 5) + 1])  # a long token's record: [1, its id, ...]
 
 
 def build_split_ranks(token_bytes, token_offsets, token_ids, byte_ids, n_vocab: int) -> Ranks:
@@ -677,28 +796,37 @@ def build_split_ranks(token_bytes, token_offsets, token_ids, byte_ids, n_vocab: 
     placeholder = Ranks(np.full(16, _EMPTY), 60, 8, 47, np.zeros(1, np.int32),
                         np.ascontiguousarray(byte_ids, dtype=np.int32), RANKS)
     vocab = build_vocab_table(token_bytes, token_offsets, token_ids, placeholder)
-    left, right, rank = _split_pairs(token_bytes, token_offsets,
-                                     np.ascontiguousarray(token_ids, dtype=np.int64),
-                                     placeholder.byte_ids, vocab)
-    return build_ranks(left, right, rank, np.arange(n_vocab, dtype=np.int32), byte_ids, RANKS)
+    token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
+    cuts = int(np.maximum(token_offsets[token_ids + 1] - token_offsets[token_ids] - 1, 0).sum())
+    left, right, rank = (np.empty(cuts, dtype=np.int64) for _ in range(3))
+    n = _split_pairs(token_bytes, token_offsets, token_ids, placeholder.byte_ids, vocab, left,
+                     right, rank)
+    return build_ranks(left[:n], right[:n], rank[:n], np.arange(n_vocab, dtype=np.int32),
+                       byte_ids, RANKS)
 
 
 # --- driving the kernels -------------------------------------------------------------------------
 
 
 class ThreadState:
-    """What one thread's encoding writes to: its cache and its merge scratch (grown on demand)."""
+    """What one thread's encoding writes to: its cache and its scratch space."""
 
     def __init__(self, cache_size: int):
         self.cache = new_table(cache_size) if cache_size else EMPTY_TABLE
-        self.scratch = scratch_for(512)
+        self.scratch = new_scratch()
+
+
+def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> np.ndarray:
+    """The ids of the pre-token buf[start:start + length] (more than `_HEAP_ABOVE` bytes)."""
+    out = np.empty(length, dtype=np.int32)
+    return out[: encode_long_piece(buf, start, start + length, ranks, vocab, out)]
 
 
 def run_encoder(kernel, buf, table, doc_ends, separator, specials: Specials, ranks: Ranks,
                 vocab: Table, state: ThreadState, doc_out_ends=None):
-    """All ids (int32) of the documents of `buf` (UTF-8, validated) with `kernel`, growing the
-    output and the scratch when the kernel asks; `doc_out_ends`, if given, receives where each
-    document's ids end."""
+    """All ids (int32) of the documents of `buf` (UTF-8, validated) with `kernel`, merging the
+    long pre-tokens it stops at; `doc_out_ends`, if given, receives where each document's ids
+    end."""
     n_docs = len(doc_ends)
     if doc_out_ends is None:
         doc_out_ends = np.empty(n_docs, dtype=np.int64)
@@ -714,8 +842,28 @@ def run_encoder(kernel, buf, table, doc_ends, separator, specials: Specials, ran
         if doc < n_docs:
             parts.append(out[:w].copy())
             if need:
-                state.scratch = scratch_for(need)
+                parts.append(long_piece_ids(buf, i, need, ranks, vocab))
+                total += len(parts[-1])
+                i += need
     if not parts:
         return out[:w]
     parts.append(out[:w])
     return np.concatenate(parts)
+
+
+def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks: Ranks,
+                      vocab: Table, state: ThreadState) -> np.ndarray:
+    """All ids (int32) of the pieces (see `_encode_pieces`)."""
+    kernel = PIECE_ENCODERS[mode]
+    out = np.empty(len(buf) + len(special_slots) + 1, dtype=np.int32)
+    parts = []
+    k = 0
+    while True:
+        w, k, need = kernel(buf, offsets, special_slots, special_ids, ranks, vocab, state.cache,
+                            state.scratch, out, k)
+        parts.append(out[:w].copy())
+        if not need:
+            break
+        parts.append(long_piece_ids(buf, offsets[k], need, ranks, vocab))
+        k += 1
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -60,7 +60,8 @@ def _grow(array, min_size):
     """A copy of `array` with room for at least `min_size` items (doubling)."""
     size = max(min_size, 2 * array.shape[0])
     out = np.empty(size, dtype=array.dtype)
-    out[: array.shape[0]] = array
+    for i in range(array.shape[0]):  # a loop, not a slice assignment: much faster to compile
+        out[i] = array[i]
     return out
 
 
@@ -80,7 +81,9 @@ def _new_table(capacity_bits, pair_left, pair_right, n_pairs):
 
     Key and id share a row so that a lookup touches one cache line.
     """
-    table = np.full((1 << capacity_bits, 2), _EMPTY, dtype=np.int64)
+    table = np.empty((1 << capacity_bits, 2), dtype=np.int64)
+    for s in range(1 << capacity_bits):
+        table[s, 0] = _EMPTY
     shift = 64 - capacity_bits
     for p in range(n_pairs):
         key = (np.int64(pair_left[p]) << 32) | pair_right[p]
@@ -95,7 +98,9 @@ def _grow_rows(array, min_rows):
     """A copy of a 2-D `array` with room for at least `min_rows` rows (doubling)."""
     rows = max(min_rows, 2 * array.shape[0])
     out = np.empty((rows, array.shape[1]), dtype=array.dtype)
-    out[: array.shape[0]] = array
+    for i in range(array.shape[0]):
+        for j in range(array.shape[1]):
+            out[i, j] = array[i, j]
     return out
 
 
@@ -169,7 +174,8 @@ def _heap_push(heap, size, p, count, pair_left, pair_right, tok_key, arena, star
                             heap[parent, 0], heap[parent, 1], heap[parent, 2], heap[parent, 3],
                             pair_left, pair_right, arena, start, length):
             break
-        heap[i, :] = heap[parent, :]
+        for col in range(4):
+            heap[i, col] = heap[parent, col]
         i = parent
     heap[i, _COUNT] = count
     heap[i, _LEFT_KEY] = lkey
@@ -194,7 +200,8 @@ def _heap_pop(heap, size, pair_left, pair_right, arena, start, length):
         if not _ranks_above(heap[child, 0], heap[child, 1], heap[child, 2], heap[child, 3],
                             count, lkey, rkey, p, pair_left, pair_right, arena, start, length):
             break
-        heap[i, :] = heap[child, :]
+        for col in range(4):
+            heap[i, col] = heap[child, col]
         i = child
     if size > 0:
         heap[i, _COUNT] = count
@@ -214,7 +221,8 @@ def _file_word_lists(entry_pair, entry_word, n_entries, first_pair, n_pairs,
     reads its words sequentially. Returns the new number of stored words.
     """
     n = n_pairs - first_pair
-    scratch[: n + 1] = 0
+    for q in range(n + 1):
+        scratch[q] = 0
     for k in range(n_entries):
         scratch[entry_pair[k] - first_pair + 1] += 1
     for q in range(n):
@@ -263,8 +271,8 @@ def learn_merges(tokens, offsets, word_counts, num_merges, report_every=0):
         tok_start[t] = t
         tok_len[t] = 1
     for t in range(256):
-        tok_key[t] = _prefix_key(arena, t, 1)
-    arena_used = 256
+        tok_key[t] = _prefix_key(arena, t, np.int64(1))
+    arena_used = np.int64(256)
 
     # Pair table. The first pairs are of bytes: at most 256 * 256 of them.
     pair_cap = 1 << 16
@@ -275,17 +283,18 @@ def learn_merges(tokens, offsets, word_counts, num_merges, report_every=0):
     pair_last_word = np.empty(pair_cap, dtype=np.int64)
     list_start = np.empty(pair_cap, dtype=np.int64)
     list_end = np.empty(pair_cap, dtype=np.int64)
-    n_pairs = 0
-    table_bits = 17
-    table = _new_table(table_bits, pair_left, pair_right, 0)
+    # np.int64, not literal constants: a literal argument would compile the callee again
+    n_pairs = np.int64(0)
+    table_bits = np.int64(17)
+    table = _new_table(table_bits, pair_left, pair_right, n_pairs)
 
     # Word lists: the (pair, word) entries a step creates, then filed contiguously per pair.
     entry_cap = max(16, tokens.shape[0])
     entry_pair = np.empty(entry_cap, dtype=np.int32)
     entry_word = np.empty(entry_cap, dtype=np.int32)
-    n_entries = 0
+    n_entries = np.int64(0)
     list_words = np.empty(entry_cap, dtype=np.int32)
-    n_listed = 0
+    n_listed = np.int64(0)
     scratch = np.empty(max(pair_cap, 2 * n_ids) + 2, dtype=np.int64)
 
     # Initial pair counts and word lists.
@@ -311,11 +320,11 @@ def learn_merges(tokens, offsets, word_counts, num_merges, report_every=0):
                 entry_pair[n_entries] = p
                 entry_word[n_entries] = w
                 n_entries += 1
-    n_listed = _file_word_lists(entry_pair, entry_word, n_entries, 0, n_pairs,
+    n_listed = _file_word_lists(entry_pair, entry_word, n_entries, np.int64(0), n_pairs,
                                 list_words, n_listed, list_start, list_end, scratch)
 
     heap = np.empty((pair_cap, 4), dtype=np.int64)
-    heap_size = 0
+    heap_size = np.int64(0)
     for p in range(n_pairs):
         heap_size = _heap_push(heap, heap_size, p, pair_count[p],
                                pair_left, pair_right, tok_key, arena, tok_start, tok_len)
@@ -323,13 +332,13 @@ def learn_merges(tokens, offsets, word_counts, num_merges, report_every=0):
     # New pairs counted below `threshold` wait in `deferred` instead of the heap: counts never
     # rise, so such a pair cannot be chosen before the heap's best falls below the threshold,
     # and most never are. Invariant: every pair with count >= threshold is in the heap.
-    threshold = 0
+    threshold = np.int64(0)
     deferred = np.empty(pair_cap, dtype=np.int64)
-    n_deferred = 0
+    n_deferred = np.int64(0)
 
     merge_left = np.empty(num_merges, dtype=np.int32)
     merge_right = np.empty(num_merges, dtype=np.int32)
-    n_merges = 0
+    n_merges = np.int64(0)
     while n_merges < num_merges:
         # Pop until the top entry's count is current (lazy deletion) and not below the
         # threshold; else lower the threshold and bring in the deferred pairs that reach it.
@@ -384,10 +393,10 @@ def learn_merges(tokens, offsets, word_counts, num_merges, report_every=0):
             arena = _grow(arena, arena_used + need)
         tok_start[new] = arena_used
         tok_len[new] = need
-        arena[arena_used : arena_used + tok_len[a]] = arena[tok_start[a] : tok_start[a] + tok_len[a]]
-        arena[arena_used + tok_len[a] : arena_used + need] = (
-            arena[tok_start[b] : tok_start[b] + tok_len[b]]
-        )
+        for k in range(tok_len[a]):
+            arena[arena_used + k] = arena[tok_start[a] + k]
+        for k in range(tok_len[b]):
+            arena[arena_used + tok_len[a] + k] = arena[tok_start[b] + k]
         tok_key[new] = _prefix_key(arena, arena_used, need)
         arena_used += need
 
@@ -416,7 +425,7 @@ def learn_merges(tokens, offsets, word_counts, num_merges, report_every=0):
             heap = _grow_rows(heap, heap_size + most_new_pairs)
         shift = 64 - table_bits
         first_new_pair = n_pairs
-        n_entries = 0
+        n_entries = np.int64(0)
 
         need_bits = (np.int64(1) << (a & 63)) | (np.int64(1) << (b & 63))
         for k in range(list_start[best], list_end[best]):

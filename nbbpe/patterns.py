@@ -40,6 +40,8 @@ O200K_PATTERN = "|".join(
 SCANNER_FAMILIES = {
     GPT2_PATTERN: "gpt2",
     TIKTOKEN_GPT2_PATTERN: "gpt2",
+    CL100K_PATTERN: "cl100k",
+    O200K_PATTERN: "o200k",
 }
 
 

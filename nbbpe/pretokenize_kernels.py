@@ -23,11 +23,14 @@ import numpy as np
 from numba import njit
 
 from .corpus import check_errors_policy, check_utf8
+from .kernel_cache import announce_compiling, cached
 from .patterns import validate_special_tokens
-from .scanners.gpt2 import class_table as gpt2_class_table
+from .scanners import cl100k, gpt2, o200k
+from .scanners.cl100k import cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
+from .scanners.o200k import o200k_pretoken_end
 from .scanners.specials import make_specials, next_special
-from .scanners.spans import WINDOW, scan_window
+from .scanners.spans import WINDOW, no_blocks, scan_window
 
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing into slots
@@ -100,7 +103,7 @@ def _reserve(slots, bits, word_offsets, counts, arena, n_words, more_words, more
     return slots, bits, word_offsets, counts, arena
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _add_spans(src, first_start, ends, weights, n_spans, slots, bits, word_offsets, counts,
                arena, n_words):
     """Add weights[t] to the count of word src[ends[t - 1]:ends[t]] (the first starts at
@@ -184,7 +187,7 @@ def count_documents(scanner, block_scanner, buf, table, doc_ends, specials,
     text of its own; special tokens cut out, never counted) into the table; return it."""
     ends = np.empty(WINDOW, dtype=np.int64)
     ones = np.ones(WINDOW, dtype=np.int64)
-    i = 0
+    i = np.int64(0)
     for d in range(doc_ends.shape[0]):
         end = doc_ends[d]
         while i < end:
@@ -220,7 +223,27 @@ def count_gpt2(buf, table, doc_ends, specials, slots, bits, word_offsets, counts
                            specials, slots, bits, word_offsets, counts, arena, n_words)
 
 
-COUNTERS = {"gpt2": (gpt2_class_table, count_gpt2)}  # family -> (class table, kernel)
+@njit(cache=True, nogil=True)
+def count_cl100k(buf, table, doc_ends, specials, slots, bits, word_offsets, counts, arena,
+                 n_words):
+    """`count_documents` with cl100k's scanner."""
+    return count_documents(cl100k_pretoken_end, no_blocks, buf, table, doc_ends, specials,
+                           slots, bits, word_offsets, counts, arena, n_words)
+
+
+@njit(cache=True, nogil=True)
+def count_o200k(buf, table, doc_ends, specials, slots, bits, word_offsets, counts, arena,
+                n_words):
+    """`count_documents` with o200k's scanner."""
+    return count_documents(o200k_pretoken_end, no_blocks, buf, table, doc_ends, specials,
+                           slots, bits, word_offsets, counts, arena, n_words)
+
+
+COUNTERS = {  # scanner family -> (its class table, its counting kernel)
+    "gpt2": (gpt2.class_table, count_gpt2),
+    "cl100k": (cl100k.class_table, count_cl100k),
+    "o200k": (o200k.class_table, count_o200k),
+}
 
 
 class PretokenCounter:
@@ -234,6 +257,8 @@ class PretokenCounter:
         self.errors = errors
         class_table, self._kernel = COUNTERS[family]
         self._table = class_table()
+        if not cached(self._kernel):
+            announce_compiling()
         self._specials = make_specials((t, k) for k, t in
                                        enumerate(validate_special_tokens(special_tokens)))
         self._bits = 12

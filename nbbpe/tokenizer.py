@@ -6,9 +6,14 @@ no compiled code runs until the first encode, which builds the kernels' tables o
 Encoding, for the patterns a compiled scanner implements (GPT-2's, cl100k's, o200k's), is one
 kernel call over the UTF-8 bytes of the text (`encode.encode_documents`): pre-tokens, special
 tokens and ids in one pass. For any other pattern, `regex` finds the pre-tokens (`_pretokenize`)
-and a kernel encodes them (`encode.encode_pieces`), a block of text at a time; blocks are cut
-only where the ids cannot depend on what follows (`_safe_cut`), so long texts and streams give
-exactly the ids of the whole text.
+and a kernel encodes them (`encode.encode_pieces`), a block at a time. Lone surrogates become
+U+FFFD in the whole text before anything else (a special token may hold U+FFFD). Long texts and
+streams are cut only where the ids cannot depend on what follows (`_safe_cut`): after a special
+token, or, for the built-in patterns only (`_PATTERN_CUTS`, proven with hypothesis in
+tests/test_exactness.py), between a pre-token and following whitespace. A custom pattern is
+never cut inside a stretch between special tokens: a long text is pre-tokenized stretch by
+stretch with `finditer` and encoded a block of pre-tokens at a time, and a stream is held until
+a special token (see `encode_iterable`).
 
 Threads: the kernels release the GIL. The tables are shared read-only; each thread encodes with
 its own cache of encoded pre-tokens (`encode.ThreadState`), so one Tokenizer may be used from
@@ -21,12 +26,21 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import chain, islice
 from typing import NamedTuple
 
 import numpy as np
 import regex
 
-from .patterns import GPT2_PATTERN, scanner_family, special_token_regex, validate_special_tokens
+from .patterns import (
+    CL100K_PATTERN,
+    GPT2_PATTERN,
+    O200K_PATTERN,
+    TIKTOKEN_GPT2_PATTERN,
+    scanner_family,
+    special_token_regex,
+    validate_special_tokens,
+)
 from .vocab_files import (
     Merges,
     Vocab,
@@ -55,10 +69,16 @@ _SMALL_BATCH_BYTES = 1 << 16  # below this a batch is not worth a second thread
 
 # Where a block may end: between a pre-token and a following whitespace character. With GPT-2's
 # pattern a non-space character followed by a space always ends a pre-token, and the matches
-# before it never look further than that space; other patterns (cl100k's included) are cut only
-# after a letter or digit, which none of them lets a match run past. `(?r)` searches backwards.
+# before it never look further than that space; cl100k's and o200k's are cut only after a letter
+# or digit, which neither lets a match run past. Both rules are checked with hypothesis against
+# `regex` at every place they allow (tests/test_exactness.py). No rule is assumed for any other
+# pattern: a lookahead may read to the end of the text, a lookbehind, \b or \G before the cut.
+# `(?r)` searches backwards.
 _GPT2_CUT = regex.compile(r"(?r)\S\s")
 _OTHER_CUT = regex.compile(r"(?r)[\p{L}\p{N}]\s")
+_MATCH_GROUP = type(regex.compile("").match("")).group
+_PATTERN_CUTS = {GPT2_PATTERN: _GPT2_CUT, TIKTOKEN_GPT2_PATTERN: _GPT2_CUT,
+                 CL100K_PATTERN: _OTHER_CUT, O200K_PATTERN: _OTHER_CUT}
 
 
 class Tokenizer:
@@ -72,9 +92,10 @@ class Tokenizer:
     first and always become their one id.
 
     Text with lone surrogates (not encodable as UTF-8) is encoded as tiktoken does: they become
-    U+FFFD first. For patterns other than the built-in ones, blocks of long texts and streams
-    are cut where a pre-token ends between a letter or digit and a following whitespace
-    character; such a pattern must end its pre-tokens there too.
+    U+FFFD first (in the whole text, so a special token holding U+FFFD matches as it would in
+    the replaced text). The ids never depend on `block_chars` or on how a stream is chunked; a
+    custom pattern (not GPT-2's, cl100k's or o200k's) is applied to each whole stretch between
+    special tokens, so `encode_iterable` holds such a stretch in memory.
 
     Options: `pattern`, the pre-tokenization regex (GPT-2's by default); `pretokenizer`,
     "auto" (a compiled scanner for GPT-2's, cl100k's and o200k's patterns, `regex` for any
@@ -167,7 +188,8 @@ class Tokenizer:
         self._cache_size = cache_size
         self._block_chars = block_chars
         self._findall = compiled.findall
-        self._cut = _GPT2_CUT if scanner_family(pattern) == "gpt2" else _OTHER_CUT
+        self._finditer = compiled.finditer
+        self._cut = _PATTERN_CUTS.get(pattern)
         if specials:
             self._special_split = regex.compile(f"({special_token_regex(specials).pattern})").split
             self._special_finditer = special_token_regex(specials).finditer
@@ -347,7 +369,9 @@ class Tokenizer:
         Memory stays bounded whatever the total size: text is held only up to the next place
         where a cut cannot change the ids (so a pre-token or special token may span chunks),
         about `block_chars` characters, or more only if one pre-token is longer than that.
-        A single str is taken as one chunk.
+        That holds for the built-in patterns; a custom pattern is cut only after special tokens
+        (nothing else is safe for an arbitrary regex), so its text is held from one special
+        token to the next: all of it if it has none. A single str is taken as one chunk.
         """
         for ids in self.encode_iterable_to_numpy(iterable, dtype=np.int64):
             yield from ids.tolist()
@@ -429,9 +453,13 @@ class Tokenizer:
         """int32 ids of `text`."""
         if self._family is not None:
             return self.encode_utf8(_utf8(text))[0]
+        if not text.isascii():  # before any cut: a special token may hold U+FFFD
+            text = _replace_lone_surrogates(text)
         block = self._block_chars
         if len(text) <= block:
             return self._encode_block(text)
+        if self._cut is None:
+            return self._encode_by_stretches(text)
         parts = []
         start = 0
         size = block
@@ -450,49 +478,81 @@ class Tokenizer:
         return np.concatenate(parts) if parts else _NO_IDS
 
     def _encode_block(self, text: str) -> np.ndarray:
-        """int32 ids of `text` with the `regex` pre-tokenizer."""
-        text = _replace_lone_surrogates(text)
+        """int32 ids of `text` (lone surrogates already replaced) with the `regex` pre-tokenizer."""
         return self._get_engine().run_pieces(*self._pretokenize(text), self._thread_state())
+
+    def _encode_by_stretches(self, text: str) -> np.ndarray:
+        """int32 ids of `text` (lone surrogates already replaced) with the `regex` pre-tokenizer,
+        for a pattern without a proven cut: the pattern runs over each whole stretch between
+        special tokens (as in `_pretokenize`, so the pre-tokens are those of the whole text),
+        and the kernel encodes about `block_chars` characters of pre-tokens per call."""
+        engine = self._get_engine()
+        state = self._thread_state()
+        block = self._block_chars
+        parts: list[np.ndarray] = []
+        pieces: list[str] = []
+        slots: list[int] = []
+        ids: list[int] = []
+        chars = 0
+
+        def flush():
+            nonlocal pieces, slots, ids, chars
+            if pieces:
+                parts.append(engine.run_pieces(*_piece_arrays(pieces, slots, ids), state))
+            pieces, slots, ids, chars = [], [], [], 0
+
+        specials = self._special_finditer(text) if self._special_split is not None else ()
+        start = 0
+        for special in chain(specials, [None]):
+            stretch = text[start : len(text) if special is None else special.start()]
+            if len(stretch) <= block:  # findall is faster, and its list is small
+                found = [self._findall(stretch)]
+            else:  # pre-tokens a batch at a time: the list of all of them could be huge
+                matches = self._finditer(stretch)
+                found = iter(lambda: list(map(_MATCH_GROUP, islice(matches, 4096))), [])
+            for batch in found:
+                pieces.extend(batch)
+                chars += sum(map(len, batch))
+                if chars >= block:
+                    flush()
+            if special is None:
+                break
+            slots.append(len(pieces))
+            ids.append(self._special_ids[special.group()])
+            pieces.append(special.group())
+            chars += len(special.group())
+            start = special.end()
+        flush()
+        return np.concatenate(parts) if parts else _NO_IDS
 
     def _pretokenize(self, text: str):
         """text -> (UTF-8 bytes, int64 offsets of the pieces, indices of the pieces that are
         special tokens, their ids)."""
         findall = self._findall
         if self._special_split is None:
-            pieces = findall(text)
-            special_slots, special_ids = _NO_SLOTS, _NO_IDS
-        else:
-            parts = self._special_split(text)  # text, special, text, ..., special, text
-            pieces = findall(parts[0])
-            slots = []
-            ids = []
-            lookup = self._special_ids
-            for k in range(1, len(parts), 2):
-                slots.append(len(pieces))
-                ids.append(lookup[parts[k]])
-                pieces.append(parts[k])
-                if parts[k + 1]:
-                    pieces.extend(findall(parts[k + 1]))
-            special_slots = np.array(slots, dtype=np.int64)
-            special_ids = np.array(ids, dtype=np.int32)
-        data = "".join(pieces).encode("utf-8")
-        # Byte length of each piece: characters plus the extra bytes of the non-ASCII ones.
-        if len(data) == sum(map(len, pieces)):
-            lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-        else:
-            lengths = np.fromiter((len(p.encode("utf-8")) for p in pieces), dtype=np.int64,
-                                  count=len(pieces))
-        offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        return np.frombuffer(data, dtype=np.uint8), offsets, special_slots, special_ids
+            return _piece_arrays(findall(text), (), ())
+        parts = self._special_split(text)  # text, special, text, ..., special, text
+        pieces = findall(parts[0])
+        slots = []
+        ids = []
+        lookup = self._special_ids
+        for k in range(1, len(parts), 2):
+            slots.append(len(pieces))
+            ids.append(lookup[parts[k]])
+            pieces.append(parts[k])
+            if parts[k + 1]:
+                pieces.extend(findall(parts[k + 1]))
+        return _piece_arrays(pieces, slots, ids)
 
     def _safe_cut(self, text: str) -> int:
         """A position p, as late as the rules below find, such that `text[:p]` encodes to a
-        prefix of the ids of `text + rest` whatever `rest` is (0 if there is none).
+        prefix of the ids of `text + rest` whatever `rest` is (0 if there is none). `text` has
+        its lone surrogates replaced already (a special token may hold U+FFFD).
 
         A special-token match starting at s is certain once all longer alternatives could be
         checked (s + longest <= len(text)); a cut right after a certain one is safe. Beyond it,
-        a pattern cut (see `_GPT2_CUT`) is safe where no special token can start before it.
+        for the built-in patterns, a pattern cut (see `_GPT2_CUT`) is safe where no special
+        token can start before it; a custom pattern has no such cut.
         """
         end = len(text)
         longest = self._longest_special
@@ -503,7 +563,7 @@ class Tokenizer:
                     break
                 after_special = match.end()
         limit = end - max(longest, 1)  # text[p] must be seen, and no special may begin before p
-        if limit > after_special:
+        if self._cut is not None and limit > after_special:
             match = self._cut.search(text, after_special, limit + 1)
             if match is not None:
                 return match.start() + 1
@@ -530,8 +590,8 @@ class Tokenizer:
 
     def __getstate__(self):  # for other processes (e.g. Dask workers): no locks, no caches
         state = self.__dict__.copy()
-        for name in ("_engine", "_engine_lock", "_threads", "_findall", "_cut", "_special_split",
-                     "_special_finditer"):
+        for name in ("_engine", "_engine_lock", "_threads", "_findall", "_finditer", "_cut",
+                     "_special_split", "_special_finditer"):
             state.pop(name, None)
         return state
 
@@ -540,8 +600,10 @@ class Tokenizer:
         self._engine = None
         self._engine_lock = threading.Lock()
         self._threads = threading.local()
-        self._findall = regex.compile(self.pattern).findall
-        self._cut = _GPT2_CUT if scanner_family(self.pattern) == "gpt2" else _OTHER_CUT
+        compiled = regex.compile(self.pattern)
+        self._findall = compiled.findall
+        self._finditer = compiled.finditer
+        self._cut = _PATTERN_CUTS.get(self.pattern)
         if self.special_tokens:
             self._special_split = regex.compile(
                 f"({special_token_regex(self.special_tokens).pattern})").split
@@ -599,6 +661,7 @@ class _Engine(NamedTuple):
     @classmethod
     def build(cls, tokenizer: Tokenizer) -> _Engine:
         from . import encode
+        from .kernel_cache import cached, compile_elsewhere
         from .scanners.specials import make_specials
 
         t = tokenizer
@@ -607,19 +670,24 @@ class _Engine(NamedTuple):
         specials = make_specials(t._special_ids.items())
         special_id_set = set(t._special_ids.values())
         regular = np.array([i not in special_id_set for i in order.tolist()], dtype=bool)
-        if t.merge_order == "merges":
-            left, right, merged = t._merge_ids
-            ranks = encode.build_ranks(left, right, np.arange(len(left)), merged, t._byte_ids,
-                                       encode.MERGES)
-        else:
-            ranks = encode.build_split_ranks(t._token_bytes, t._token_offsets, token_ids[regular],
-                                             t._byte_ids, t.n_vocab)
-        vocab_table = encode.build_vocab_table(t._token_bytes, t._token_offsets,
-                                               token_ids[regular], ranks)
-        if t._family is None:
+        mode = encode.MERGES if t.merge_order == "merges" else encode.RANKS
+        kernel = None if t._family is None else encode.ENCODERS[t._family][mode]
+        # On a first run the encode kernel compiles in another process while this one builds
+        # (and compiles the kernels of) the tables.
+        with compile_elsewhere(f"from nbbpe.encode import warm_up; warm_up({t._family!r}, {mode})",
+                               needed=kernel is not None and not cached(kernel)):
+            if mode == encode.MERGES:
+                left, right, merged = t._merge_ids
+                ranks = encode.build_ranks(left, right, np.arange(len(left)), merged, t._byte_ids,
+                                           mode)
+            else:
+                ranks = encode.build_split_ranks(t._token_bytes, t._token_offsets,
+                                                 token_ids[regular], t._byte_ids, t.n_vocab)
+            vocab_table = encode.build_vocab_table(t._token_bytes, t._token_offsets,
+                                                   token_ids[regular], ranks)
+        if kernel is None:
             return cls(ranks, vocab_table, specials, None, None)
-        table, kernel = encode.encoder_for(t._family)
-        return cls(ranks, vocab_table, specials, table, kernel)
+        return cls(ranks, vocab_table, specials, encode.encoder_for(t._family, mode)[0], kernel)
 
     def run(self, buf, doc_ends, separator, state, doc_out_ends):
         from .encode import run_encoder
@@ -628,15 +696,27 @@ class _Engine(NamedTuple):
                            self.ranks, self.vocab_table, state, doc_out_ends)
 
     def run_pieces(self, data, offsets, special_slots, special_ids, state):
-        from .encode import encode_pieces, scratch_for
+        from .encode import run_piece_encoder
 
-        longest = int(np.diff(offsets).max(initial=0))
-        if len(state.scratch) < len(scratch_for(longest)):
-            state.scratch = scratch_for(longest)
-        out = np.empty(len(data) + 1, dtype=np.int32)
-        n = encode_pieces(data, offsets, special_slots, special_ids, self.ranks, self.vocab_table,
-                          state.cache, state.scratch, out)
-        return out[:n]
+        return run_piece_encoder(self.ranks.mode, data, offsets, special_slots, special_ids,
+                                 self.ranks, self.vocab_table, state)
+
+
+def _piece_arrays(pieces: list[str], slots, ids):
+    """(UTF-8 bytes, int64 offsets, int64 slots, int32 ids) of pieces, for `encode_pieces`:
+    `slots` are the indices of the pieces that are special tokens, `ids` their ids."""
+    data = "".join(pieces).encode("utf-8")
+    # Byte length of each piece: characters plus the extra bytes of the non-ASCII ones.
+    if len(data) == sum(map(len, pieces)):
+        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+    else:
+        lengths = np.fromiter((len(p.encode("utf-8")) for p in pieces), dtype=np.int64,
+                              count=len(pieces))
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    special_slots = np.array(slots, dtype=np.int64) if len(slots) else _NO_SLOTS
+    special_ids = np.array(ids, dtype=np.int32) if len(ids) else _NO_IDS
+    return np.frombuffer(data, dtype=np.uint8), offsets, special_slots, special_ids
 
 
 def _merge_ids(merges: Merges, ids: dict[bytes, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

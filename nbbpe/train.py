@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 from tqdm import tqdm
 
@@ -58,16 +59,15 @@ def train_bpe(
     `timings`, if given a dict, receives the seconds spent in each phase. The result does not
     depend on the number of workers, the chunk size or the cluster.
     """
-    from .merge import load_merge_kernels
-
     specials, num_merges, progress = _check_training(vocab_size, special_tokens, progress)
     t0 = time.perf_counter()
-    counts = count_pretokens_in_source(
-        source, specials, pattern=pattern, pretokenizer=pretokenizer,
-        executor=_executor(num_workers, client), chunk_bytes=chunk_bytes, errors=errors,
-        progress=progress, text_field=text_field, text_column=text_column,
-        meanwhile=load_merge_kernels,
-    )
+    with _merge_kernels_meanwhile() as meanwhile:
+        counts = count_pretokens_in_source(
+            source, specials, pattern=pattern, pretokenizer=pretokenizer,
+            executor=_executor(num_workers, client), chunk_bytes=chunk_bytes, errors=errors,
+            progress=progress, text_field=text_field, text_column=text_column,
+            meanwhile=meanwhile,
+        )
     return _learn(counts, specials, num_merges, progress, timings, t0)
 
 
@@ -91,16 +91,29 @@ def train_bpe_from_iterator(
     stays bounded; the merges are those of a text file holding the documents joined by a
     special token. Lone surrogates in a string follow `errors` ("replace": U+FFFD).
     """
-    from .merge import load_merge_kernels
-
     specials, num_merges, progress = _check_training(vocab_size, special_tokens, progress)
     t0 = time.perf_counter()
-    counts = count_pretokens_in_texts(
-        texts, specials, pattern=pattern, pretokenizer=pretokenizer,
-        executor=_executor(num_workers, client), chunk_bytes=chunk_bytes, errors=errors,
-        progress=progress, meanwhile=load_merge_kernels,
-    )
+    with _merge_kernels_meanwhile() as meanwhile:
+        counts = count_pretokens_in_texts(
+            texts, specials, pattern=pattern, pretokenizer=pretokenizer,
+            executor=_executor(num_workers, client), chunk_bytes=chunk_bytes, errors=errors,
+            progress=progress, meanwhile=meanwhile,
+        )
     return _learn(counts, specials, num_merges, progress, timings, t0)
+
+
+@contextmanager
+def _merge_kernels_meanwhile():
+    """While counting: the merge kernels are loaded from the cache in a thread (given to the
+    counting as `meanwhile`), or, on a first run, compiled in another process (then None)."""
+    from .kernel_cache import cached, compile_elsewhere
+    from .merge import learn_merges, load_merge_kernels
+
+    if cached(learn_merges):
+        yield load_merge_kernels
+        return
+    with compile_elsewhere("from nbbpe.merge import load_merge_kernels; load_merge_kernels()"):
+        yield None
 
 
 def _check_training(vocab_size, special_tokens, progress):
@@ -117,10 +130,15 @@ def _check_training(vocab_size, special_tokens, progress):
 
 
 def _executor(num_workers, client):
-    """Where the counting runs: a Dask cluster if `client` is given, else local threads."""
+    """Where the counting runs: a Dask cluster if `client` is given, else local threads.
+
+    `client` is a `distributed.Client`, a scheduler address, or an executor already made (e.g.
+    `nbbpe.distributed.DaskExecutor(client, retries=5)`), used as it is."""
     if client is not None:
         if num_workers is not None:
             raise ValueError("give num_workers or client, not both (the cluster has its workers)")
+        if hasattr(client, "accumulate") and hasattr(client, "map"):
+            return client
         from .distributed import DaskExecutor
 
         return DaskExecutor(client)

@@ -96,7 +96,7 @@ def flags_at(buf, flags, i):
 _HIGH_BITS = np.uint64(0x8080808080808080)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def first_invalid_utf8(buf, start, end):
     """The offset of the first byte of buf[start:end] that is not valid UTF-8, or -1.
 

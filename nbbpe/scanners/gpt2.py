@@ -50,7 +50,7 @@ def class_table() -> np.ndarray:
     return table
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True, _nrt=False)
 def _class_at(buf, table, i):
     """(class, length in bytes) of the character at buf[i] (valid UTF-8)."""
     b = np.int64(buf[i])
@@ -65,7 +65,7 @@ def _class_at(buf, table, i):
                  | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F)], 4
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def gpt2_pretoken_end(buf, table, i, stop):
     """The end of the pre-token starting at buf[i], in the text buf[:stop] (valid UTF-8);
     `table` is `class_table()`."""
@@ -113,17 +113,21 @@ _COMMITTED = np.uint64(((1 << 62) - 1) & ~1)  # bits 1..61
 _ONES = np.uint64(0x0101010101010101)
 _HIGH = np.uint64(0x8080808080808080)
 _GATHER = np.uint64(0x0002040810204081)  # moves bit 8k + 7 to bit 56 + k
+_LOWER_CASE = np.uint64(0x2020202020202020)  # or'ed in: A-Z become a-z
+# Byte values as np.uint64, not int literals: a literal argument compiles a callee once per value.
+_LOWER_A, _LOWER_Z, _DIGIT_0, _DIGIT_9 = np.uint64(0x61), np.uint64(0x7A), np.uint64(0x30), np.uint64(0x39)
+_TAB, _CR, _BLANK, _QUOTE = np.uint64(0x09), np.uint64(0x0D), np.uint64(0x20), np.uint64(0x27)
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True, _nrt=False)
 def _in_range(x, lo, hi):
     """The high bit of each byte of `x` (eight ASCII bytes) set where lo <= byte <= hi."""
-    at_least_lo = x + _ONES * np.uint64(0x80 - lo)  # no byte overflows: bytes are below 0x80
-    above_hi = x + _ONES * np.uint64(0x7F - hi)
+    at_least_lo = x + _ONES * (np.uint64(0x80) - lo)  # no byte overflows: bytes are below 0x80
+    above_hi = x + _ONES * (np.uint64(0x7F) - hi)
     return at_least_lo & ~above_hi & _HIGH
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True, _nrt=False)
 def _bits(high_bits):
     """The high bit of each of eight bytes, as bits 0-7."""
     return (high_bits * _GATHER) >> np.uint64(56)
@@ -140,7 +144,7 @@ def _check_ascii_classes(table) -> None:
         raise RuntimeError("regex classifies ASCII differently from what gpt2_block_boundaries assumes")
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True, _nrt=False)
 def gpt2_block_boundaries(buf, table, p):
     """Where pre-tokens start in buf[p + 1:p + 62], as bits 1..61 of a uint64, for a pre-token
     starting at p, or 0 if buf[p:p + 64] is not all ASCII. The caller ensures p + 64 <= stop.
@@ -167,12 +171,12 @@ def gpt2_block_boundaries(buf, table, p):
         if x & _HIGH:
             return np.uint64(0)  # not ASCII: the caller scans one pre-token at a time
         shift = np.uint64(8 * k)
-        letters |= _bits(_in_range(x | _ONES * np.uint64(0x20), 0x61, 0x7A)) << shift
-        numbers |= _bits(_in_range(x, 0x30, 0x39)) << shift
-        blank = _in_range(x, 0x20, 0x20)
-        spaces |= _bits(_in_range(x, 0x09, 0x0D) | blank) << shift
+        letters |= _bits(_in_range(x | _LOWER_CASE, _LOWER_A, _LOWER_Z)) << shift
+        numbers |= _bits(_in_range(x, _DIGIT_0, _DIGIT_9)) << shift
+        blank = _in_range(x, _BLANK, _BLANK)
+        spaces |= _bits(_in_range(x, _TAB, _CR) | blank) << shift
         blanks |= _bits(blank) << shift
-        apostrophes |= _bits(_in_range(x, 0x27, 0x27)) << shift
+        apostrophes |= _bits(_in_range(x, _QUOTE, _QUOTE)) << shift
     one = np.uint64(1)
     others = ~(letters | numbers | spaces)
     changed = ((letters ^ (letters << one)) | (numbers ^ (numbers << one))

@@ -20,7 +20,7 @@ BLOCK = 64  # bytes a block scanner looks at
 WINDOW = 256  # pre-tokens found per `scan_window` call
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True, _nrt=False)
 def no_blocks(buf, table, p):
     """The block scanner of a family that has none: never a block."""
     return np.uint64(0)

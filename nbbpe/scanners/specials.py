@@ -35,7 +35,7 @@ def make_specials(tokens_and_ids) -> Specials:
                     np.array([i for _, i in ordered], dtype=np.int32), first)
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True, _nrt=False)
 def next_special(buf, i, end, specials):
     """(where, which): the first special-token occurrence in buf[i:end], the longest at that
     place, as an index into `specials`; or (end, -1)."""

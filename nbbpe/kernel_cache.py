@@ -1,0 +1,66 @@
+"""The first run: compiling the kernels once, on both cores, and saying so.
+
+Numba compiles each kernel on its first use and keeps it in its cache (`__pycache__` beside the
+package, or NUMBA_CACHE_DIR); later runs load it in milliseconds. Compiling is Python code
+holding the GIL, so a thread cannot overlap it with other compiling: where a stage knows it
+will need kernels that are not cached yet, it compiles them in another process
+(`compile_elsewhere`) while this one compiles or works on something else, then loads them from
+the cache. This roughly halves the first run on two cores. Nothing changes once the cache is
+warm, and if the other process fails, the kernels are simply compiled here when first used.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+_announced = threading.Event()
+
+
+def cached(dispatcher) -> bool:
+    """Whether Numba's cache holds a compiled version of `dispatcher` for the current source
+    (any signature). Unsure (e.g. another Numba's internals) counts as cached."""
+    try:
+        return bool(dispatcher._cache._cache_file._load_index())
+    except Exception:
+        return True
+
+
+def announce_compiling() -> None:
+    """Say once per process, on stderr, that kernels are being compiled (it takes seconds)."""
+    if not _announced.is_set() and not os.environ.get("NBBPE_QUIET"):
+        _announced.set()
+        print("nbbpe: compiling kernels, first run only (cached afterwards)", file=sys.stderr,
+              flush=True)
+
+
+class compile_elsewhere:
+    """`python -c <code>` in a child process that compiles kernels into the cache; `wait()`
+    before using them. A no-op object if `needed` is false."""
+
+    def __init__(self, code: str, needed: bool = True):
+        self._process = None
+        if needed:
+            announce_compiling()
+            env = dict(os.environ, NBBPE_QUIET="1")
+            try:
+                self._process = subprocess.Popen([sys.executable, "-c", code], env=env,
+                                                 stdout=subprocess.DEVNULL,
+                                                 stderr=subprocess.DEVNULL)
+            except OSError:  # no second process: compile here later
+                self._process = None
+
+    def wait(self) -> None:
+        if self._process is not None:
+            self._process.wait()
+            self._process = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._process is not None and exc_info[0] is not None:
+            self._process.kill()  # the run failed: its kernels are not needed now
+        self.wait()
