@@ -83,3 +83,23 @@ class ReferenceEncoder:
                     self.cache[data] = [self.ids[token] for token in word]
                 ids.extend(self.cache[data])
         return ids
+
+
+def tiktoken_bpe(data, ranks):
+    """tiktoken's byte-pair merge of one pre-token: a token is itself; otherwise repeatedly
+    merge the leftmost adjacent pair whose joined bytes have the lowest rank, one at a time.
+    `ranks` maps token bytes -> rank (= id)."""
+    if data in ranks:
+        return [ranks[data]]
+    parts = [bytes([b]) for b in data]
+    while len(parts) > 1:
+        best = None
+        for k in range(len(parts) - 1):
+            rank = ranks.get(parts[k] + parts[k + 1])
+            if rank is not None and (best is None or rank < best[0]):
+                best = (rank, k)
+        if best is None:
+            break
+        k = best[1]
+        parts[k : k + 2] = [parts[k] + parts[k + 1]]
+    return [ranks[part] for part in parts]
