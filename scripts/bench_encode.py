@@ -1,385 +1,606 @@
-"""Encoding throughput: nbbpe against tiktoken and Hugging Face `tokenizers`, same GPT-2 files.
+"""Encoding throughput of nbbpe and the fastest exact peers, side by side in one run, same ids.
 
-    python scripts/bench_encode.py /work/shared/corpora/web_5M.txt
-    python scripts/bench_encode.py /work/shared/corpora/web_100M.txt --repeat 1
+    python scripts/bench_encode.py [CORPUS ...] [--pattern gpt2|cl100k|o200k] [--tools ...]
+        [--threads 1 2] [--repeat 3] [--max-bytes 200M] [--json out.json]
 
-Tools: nbbpe (compiled pre-tokenizer), nbbpe_regex (nbbpe with the `regex` pre-tokenizer),
-tiktoken, gigatoken, hf. All tools encode the same pieces of the corpus (cut right after a special token, or failing
-that between a non-space and a space, so the pieces encode as the whole text does), with the
-corpus's `<|endoftext|>` as a special token. Reported, in MB of UTF-8 per second:
+The figures (the three shared corpora by default: web_5M.txt, multi_1M.txt, tinystories_real.txt):
 
-- one process: each piece goes through every tool in turn (interleaved, so machine noise hits
-  all alike), best of `--repeat` passes; `regex.findall` of the GPT-2 pattern alone on the same
-  pieces is the yardstick for the pre-tokenization cost;
-- N processes: each tool in a pool of N forked workers (tool built and warmed up before the
-  clock starts), pieces handed out one at a time; wall time until all ids are back, and the
-  workers' CPU time in their encode calls (which other load on the machine disturbs less);
-- ids: every tool's ids must equal nbbpe's on every piece (SHA-1 of the int32 ids per piece);
-- `--stream-rss`: in a fresh process, `encode_iterable` over the open file (the whole corpus,
-  not pieces): growth of peak RSS over the RSS before it started, and whether the ids equal the
-  pieces' ids.
+    python scripts/bench_encode.py --tools nbbpe,nbbpe_list,nbbpe_regex,tiktoken,gigatoken,fastokens,hf,findall \
+        --json out/bench_encode_gpt2.json
+    python scripts/bench_encode.py --pattern cl100k \
+        --tools nbbpe,tiktoken,gigatoken,fastokens,bpe_openai,quicktok,findall --json out/bench_encode_cl100k.json
+    python scripts/bench_encode.py --pattern o200k \
+        --tools nbbpe,tiktoken,gigatoken,fastokens,bpe_openai,quicktok,findall --json out/bench_encode_o200k.json
+    python ../shared/tools/make_scale_corpus.py /tmp/scale_1G.txt 10 ../shared/corpora/web_100M.txt
+    python scripts/bench_encode.py /tmp/scale_1G.txt --max-bytes 200M --repeat 2
 
-tiktoken is built offline from the GPT-2 vocab file (never downloaded). Hugging Face is built
-from the same vocab/merges with its own byte-level pre-tokenizer, single-threaded
-(TOKENIZERS_PARALLELISM=false); its parallelism comes from the process pool like the others.
+What is measured (the tools and their exact calls are in scripts/bench_peers.py):
+
+- the work: the corpus's documents (the text between `<|endoftext|>` lines; the separators are
+  not encoded), as ordinary text, in file order; MB/s = UTF-8 bytes of the documents / seconds
+  spent in the tools' encode calls. Documents reach the tools in batches of about `--batch-mb`
+  (the whole corpus when it is smaller); checking the ids between batches is not timed;
+- 1 thread: each document in turn with the tool's one-text call, the process pinned to one CPU
+  (RAYON_NUM_THREADS=1, TOKENIZERS_PARALLELISM=false, NUMBA_NUM_THREADS=1);
+- N threads: each batch through the tool's own batch API on N threads, pinned to N CPUs (nbbpe
+  without a batch API yet: a ThreadPoolExecutor over its one-text call, labelled so);
+- every (tool, threads) measurement runs in its own fresh process: the tool is built, warmed up
+  on a tiny unrelated string and then encodes the corpus with cold caches (nbbpe loads, or
+  compiles, its Numba kernels partly when built and partly in the warm-up call: both are timed
+  apart from the encoding). Tools alternate (rotated each repeat), and
+  `--repeat` rounds give the median and range of MB/s; the peak RSS of each process is reported;
+- also per run: MB per CPU-second of the process in the encode calls (all its threads; with 1
+  thread, the speed it would have with the CPU to itself, which other load disturbs less),
+  CPU/wall (CPUs busy on average: below 1 with 1 thread means the CPU was shared), seconds to
+  import and build the tool, seconds of the warm-up call;
+- ids: the SHA-1 of each run's concatenated ids must equal tiktoken's; a tool whose ids differ
+  is reported as NOT EXACT, with the first differing document, and is left out of the ratios.
+  Ratios: to the fastest exact peer (tiktoken, gigatoken, fastokens, hf, bpe_openai, quicktok)
+  and to tiktoken, by median MB/s.
+
+The machine may be shared: read the ratios within one run, with their ranges.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import multiprocessing
+import importlib.util
+import json
 import os
+import platform
 import resource
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from importlib import metadata
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # bench_peers beside this file, however this module was loaded
+    sys.path.insert(0, HERE)
 
-import numpy as np  # noqa: E402
-import regex  # noqa: E402
+import bench_peers  # noqa: E402
+import notebook_support  # noqa: E402
+from bench_peers import ALL_TOOLS, PEERS, TOOL_MODULES, TOOLS, YARDSTICK, tool_available  # noqa: E402, F401
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
-EOT = "<|endoftext|>"
-TOOLS = ("nbbpe", "nbbpe_regex", "tiktoken", "gigatoken", "hf")
-# The package each tool needs; tiktoken, gigatoken and tokenizers are optional peers.
-TOOL_MODULES = dict(nbbpe="nbbpe", nbbpe_regex="nbbpe", nbbpe_numpy="nbbpe", tiktoken="tiktoken",
-                    gigatoken="gigatoken", hf="tokenizers", findall="regex")
-
-
-def tool_available(name: str) -> bool:
-    """Whether the tool's package can be imported here (without importing it)."""
-    import importlib.util
-
-    return importlib.util.find_spec(TOOL_MODULES[name]) is not None
+ROOT = os.path.dirname(HERE)
+SEPARATOR = b"<|endoftext|>"
+DEFAULT_CORPORA = ("web_5M.txt", "multi_1M.txt", "tinystories_real.txt")
+DEFAULT_TOOLS = ("nbbpe", "nbbpe_list", "tiktoken", "gigatoken", "fastokens", "bpe_openai", "quicktok")
+REFERENCE = "tiktoken"
+BLOCK_BYTES = 1 << 24
 
 
-def build_tool(name: str, vocab_path: str, merges_path: str):
-    """A function text -> list of ids for the named tool."""
-    if name == "nbbpe":
-        from nbbpe import Tokenizer
-
-        tokenizer = Tokenizer.from_files(vocab_path, merges_path, [EOT])
-        return tokenizer.encode
-    if name == "nbbpe_regex":  # the reference pre-tokenizer (regex) instead of the compiled one
-        from nbbpe import Tokenizer
-
-        tokenizer = Tokenizer.from_files(vocab_path, merges_path, [EOT], pretokenizer="regex")
-        return tokenizer.encode
-    if name == "gigatoken":  # from the same files, exported by nbbpe as a tokenizer.json
-        import tempfile
-
-        import gigatoken
-
-        from nbbpe import Tokenizer
-
-        json_path = os.path.join(tempfile.mkdtemp(prefix="nbbpe-bench-"), "tokenizer.json")
-        Tokenizer.from_files(vocab_path, merges_path, [EOT]).save_tokenizer_json(json_path)
-        encoder = gigatoken.Tokenizer(json_path)
-        return lambda text: encoder.encode(text).tolist()
-    if name == "nbbpe_numpy":
-        from nbbpe import Tokenizer
-
-        tokenizer = Tokenizer.from_files(vocab_path, merges_path, [EOT])
-        return lambda text: tokenizer.encode_to_numpy(text, dtype=np.int32)
-    if name == "tiktoken":
-        import tiktoken
-
-        from nbbpe.pretokenize import GPT2_PATTERN
-        from nbbpe.vocab_files import load_gpt2_files
-
-        vocab, _ = load_gpt2_files(vocab_path, merges_path)
-        ranks = {token: i for i, token in vocab.items() if token != EOT.encode()}
-        encoding = tiktoken.Encoding(name="gpt2-offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                                     special_tokens={EOT: 50256})
-        return lambda text: encoding.encode(text, allowed_special="all")
-    if name == "hf":
-        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-        tokenizer = Tokenizer(models.BPE.from_file(vocab_path, merges_path))
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tokenizer.decoder = decoders.ByteLevel()
-        tokenizer.add_special_tokens([AddedToken(EOT, special=True, normalized=False)])
-        return lambda text: tokenizer.encode(text).ids
-    if name == "findall":
-        from nbbpe.pretokenize import GPT2_PATTERN
-
-        return regex.compile(GPT2_PATTERN).findall
-    raise ValueError(name)
+# --- the corpus -------------------------------------------------------------------------------
 
 
-def cut_pieces(text: str, piece_chars: int) -> list[str]:
-    """Pieces of about `piece_chars`, each ending right after a special token (or, if there is
-    none near, between a non-space and a space)."""
-    pieces = []
-    start = 0
-    while start < len(text):
-        end = start + piece_chars
-        if end >= len(text):
-            pieces.append(text[start:])
-            break
-        cut = text.find(EOT, end)
-        if cut < 0 or cut > end + piece_chars:
-            match = regex.compile(r"\S\s").search(text, end)
-            cut = match.start() + 1 if match else len(text)
-        else:
-            cut += len(EOT)
-        pieces.append(text[start:cut])
-        start = cut
-    return pieces
+def documents(path: str, max_bytes: int | None = None):
+    """The documents of the file, as bytes: the text between `<|endoftext|>` lines (a document
+    keeps its final line break; the separator's own line breaks are dropped); empty ones are
+    skipped. With `max_bytes`, only the documents that end within the first `max_bytes` bytes
+    of the file (at least the first). Read block by block, so memory stays bounded."""
+    offset = 0  # where `carry` starts in the file
+    carry = b""
+    some = False
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(BLOCK_BYTES)
+            parts = (carry + block).split(SEPARATOR)
+            carry = parts.pop() if block else b""
+            for part in parts:
+                end = offset + len(part)
+                if max_bytes is not None and end > max_bytes and some:
+                    return
+                doc = part[1:] if offset and part.startswith(b"\n") else part
+                if doc:
+                    some = True
+                    yield doc
+                offset = end + len(SEPARATOR)
+            if not block:
+                return
 
 
-def digest(ids) -> str:
-    return hashlib.sha1(np.asarray(ids, dtype=np.int32).tobytes()).hexdigest()
+def batches(path: str, max_bytes: int | None, batch_bytes: int):
+    """Lists of documents (str) of about `batch_bytes` UTF-8 bytes, with their byte count."""
+    docs, size = [], 0
+    for doc in documents(path, max_bytes):
+        docs.append(doc.decode("utf-8"))
+        size += len(doc)
+        if size >= batch_bytes:
+            yield docs, size
+            docs, size = [], 0
+    if docs:
+        yield docs, size
 
 
-# --- one process ----------------------------------------------------------------------------
+class IdsDigest:
+    """SHA-1 of all ids in order (as uint32), and an 8-byte digest per document."""
+
+    def __init__(self):
+        self.sha = hashlib.sha1()
+        self.per_document = bytearray()
+        self.count = 0
+
+    def add(self, result, n: int) -> None:
+        import numpy as np  # imported in the child after pinning its CPUs
+
+        for ids in per_document(result, n):
+            data = np.asarray(ids, dtype=np.uint32).tobytes()
+            self.sha.update(data)
+            self.per_document += hashlib.blake2b(data, digest_size=8).digest()
+            self.count += len(data) // 4
 
 
-def run_single(tools: dict, pieces: list[str], repeat: int) -> tuple[dict, dict, dict]:
-    """Best total wall and CPU seconds per tool over `repeat` interleaved passes; per-piece
-    digests. CPU time is less disturbed than wall time by other work on a shared machine."""
-    best_wall = {name: float("inf") for name in tools}
-    best_cpu = dict(best_wall)
-    digests = {name: [] for name in tools if name != "findall"}
-    for r in range(repeat):
-        wall = dict.fromkeys(tools, 0.0)
-        cpu = dict.fromkeys(tools, 0.0)
-        for piece in pieces:
-            for name, encode in tools.items():
-                t0, c0 = time.perf_counter(), time.process_time()
-                ids = encode(piece)
-                wall[name] += time.perf_counter() - t0
-                cpu[name] += time.process_time() - c0
-                if r == 0 and name != "findall":
-                    digests[name].append(digest(ids))
-        for name in tools:
-            best_wall[name] = min(best_wall[name], wall[name])
-            best_cpu[name] = min(best_cpu[name], cpu[name])
-    return best_wall, best_cpu, digests
+def per_document(result, n: int):
+    """Each document's ids, from a list of id sequences or from (flat ids, offsets)."""
+    if isinstance(result, tuple):
+        flat, offsets = result
+        return (flat[offsets[i]:offsets[i + 1]] for i in range(n))
+    return iter(result)
 
 
-# --- N processes ----------------------------------------------------------------------------
-
-_pieces: list[str] = []
-_encode = None
+# --- one measurement, in a fresh process --------------------------------------------------------
 
 
-def _worker_init(name, vocab_path, merges_path, barrier):
-    global _encode
-    _encode = build_tool(name, vocab_path, merges_path)
-    _encode("warm up: compile or load the kernels " + EOT)
-    barrier.wait()
+def run_child(spec: dict) -> dict:
+    """Build the tool, warm it up, encode the corpus; the numbers of this one run."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, spec["cpus"])
+    load_average = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    try:
+        encoder = bench_peers.build(spec["tool"], spec["encoding"], spec["threads"])
+    except bench_peers.Unsupported as reason:
+        return {"skipped": str(reason)}
+    build_s = time.perf_counter() - t0
+    if spec["threads"] == 1:
+        encode, api = (lambda docs: [encoder.one(doc) for doc in docs]), encoder.one_api
+    else:
+        encode, api = encoder.batch, encoder.batch_api
+    t0 = time.perf_counter()
+    encode(bench_peers.WARM_UP)
+    warmup_s = time.perf_counter() - t0
+    base_rss = _current_rss()
+    digest = None if spec["tool"] == YARDSTICK else IdsDigest()
+    timed = encode_corpus(encode, spec, digest)
+    if digest:
+        with open(spec["doc_digests"], "wb") as f:
+            f.write(digest.per_document)
+    return timed | {
+        "api": api, "ids": digest.count if digest else None, "digest": digest.sha.hexdigest() if digest else None,
+        "build_s": build_s, "warmup_s": warmup_s, "base_rss_mb": base_rss / 1e6,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6,
+        "load_average": load_average}
 
 
-def _worker_encode(k):
-    c0 = time.process_time()
-    ids = _encode(_pieces[k])
-    cpu = time.process_time() - c0
-    return k, digest(ids), cpu
+def encode_corpus(encode, spec: dict, digest: IdsDigest | None) -> dict:
+    """Time `encode` on each batch of documents (and only that); feed the ids to `digest`."""
+    seconds = cpu_seconds = 0.0
+    size = count = 0
+    for docs, nbytes in batches(spec["corpus"], spec["max_bytes"], spec["batch_bytes"]):
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = encode(docs)
+        seconds += time.perf_counter() - t0
+        cpu_seconds += time.process_time() - c0
+        size += nbytes
+        count += len(docs)
+        if digest:
+            digest.add(result, len(docs))
+        del result
+    return {"megabytes": size / 1e6, "documents": count, "seconds": seconds, "mb_s": size / 1e6 / seconds,
+            "cpu_mb_s": size / 1e6 / cpu_seconds, "cpu_per_wall": cpu_seconds / seconds}
 
 
-def run_pool(name: str, vocab_path: str, merges_path: str, processes: int) -> tuple[float, float, list[str]]:
-    context = multiprocessing.get_context("fork")  # the workers inherit the pieces
-    barrier = context.Barrier(processes + 1)
-    with context.Pool(processes, _worker_init, (name, vocab_path, merges_path, barrier)) as pool:
-        barrier.wait()
-        t0 = time.perf_counter()
-        # longest pieces first, one at a time, so the workers finish together
-        order = sorted(range(len(_pieces)), key=lambda k: -len(_pieces[k]))
-        results = list(pool.imap_unordered(_worker_encode, order, chunksize=1))
-        seconds = time.perf_counter() - t0
-    digests = [""] * len(_pieces)
-    for k, d, _ in results:
-        digests[k] = d
-    return seconds, sum(cpu for _, _, cpu in results), digests
+def diagnose_child(spec: dict) -> dict:
+    """Where the tool's ids for one document first differ from tiktoken's."""
+    import tiktoken
+
+    doc = next(d for k, d in enumerate(documents(spec["corpus"], spec["max_bytes"])) if k == spec["document"])
+    text = doc.decode("utf-8")
+    encoder = bench_peers.build(spec["tool"], spec["encoding"], spec["threads"])
+    result = [encoder.one(text)] if spec["threads"] == 1 else encoder.batch([text])
+    got = [int(i) for i in next(per_document(result, 1))]
+    reference = tiktoken.Encoding(**bench_peers.openai_spec(spec["encoding"]))
+    expected = reference.encode_ordinary(text)
+    at = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    window = slice(max(at - 3, 0), at + 5)
+    return {"document": spec["document"], "document_bytes": len(doc), "tiktoken_ids": len(expected),
+            "tool_ids": len(got), "first_difference": at, "tiktoken": expected[window], "tool": got[window],
+            "text": reference.decode_bytes(expected[window]).decode("utf-8", "replace")}
 
 
-# --- streaming memory -------------------------------------------------------------------------
-
-
-def stream_rss(path: str, vocab_path: str, merges_path: str) -> None:
-    """Child mode: print peak-RSS growth of encode_iterable over the open file, and a digest."""
+def _current_rss() -> int:
     import psutil
 
-    from nbbpe import Tokenizer
-
-    tokenizer = Tokenizer.from_files(vocab_path, merges_path, [EOT])
-    tokenizer.encode("warm up " + EOT)
-    _reset_peak_rss()  # the peak of loading the vocab is not streaming's
-    before = psutil.Process().memory_info().rss
-    sha = hashlib.sha1()
-    batch = []
-    count = 0
-    t0 = time.perf_counter()
-    with open(path, encoding="utf-8") as f:
-        for i in tokenizer.encode_iterable(f):
-            batch.append(i)
-            if len(batch) == 1 << 16:
-                sha.update(np.asarray(batch, dtype=np.int32).tobytes())
-                count += len(batch)
-                batch.clear()
-    sha.update(np.asarray(batch, dtype=np.int32).tobytes())
-    count += len(batch)
-    seconds = time.perf_counter() - t0
-    peak = _peak_rss()
-    print(f"{(peak - before) / 1e6:.1f} {before / 1e6:.1f} {peak / 1e6:.1f} {count} {sha.hexdigest()} "
-          f"{seconds:.2f}")
+    return psutil.Process().memory_info().rss
 
 
-def _reset_peak_rss() -> None:
-    """Linux: writing 5 to clear_refs resets the peak RSS (VmHWM) to the current RSS."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+# --- all measurements, alternating -----------------------------------------------------------
 
 
-def _peak_rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def measure(corpora, tools=DEFAULT_TOOLS, encoding: str = "gpt2", threads=(1, 2), repeat: int = 3, *,
+            max_bytes: int | None = None, batch_mb: float = 16, log=print) -> list[dict]:
+    """Each (corpus, round, threads, tool) measurement in its own fresh process; all the runs.
 
-
-def stream_check(path, vocab_path, merges_path, expected_digest, expected_count):
-    out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), path, "--vocab", vocab_path, "--merges", merges_path,
-         "--stream-child"],
-        check=True, capture_output=True, text=True,
-    ).stdout.split()
-    growth, before, peak, count, sha, seconds = out
-    size = os.path.getsize(path) / 1e6
-    same = sha == expected_digest and int(count) == expected_count
-    print(f"encode_iterable over the open file ({size:.1f} MB): peak RSS {float(peak):.1f} MB, "
-          f"{float(before):.1f} MB before streaming -> growth {float(growth):.1f} MB; "
-          f"{size / float(seconds):.2f} MB/s; {int(count):,} ids, equal to the pieces' ids: "
-          f"{'yes' if same else 'NO'}")
-
-
-# --- as a function (for the notebooks) ------------------------------------------------------
-
-
-def measure_encoding(corpus: str, tools=TOOLS, *, vocab_path: str | None = None,
-                     merges_path: str | None = None, limit_mb: float | None = None,
-                     piece_kb: int = 256, processes: int = 2, repeat: int = 3) -> dict:
-    """What `main` prints, as a dict: MB/s of each tool on the corpus's pieces in one process
-    (best of `repeat` interleaved passes; by wall and by CPU time) and in a pool of `processes`,
-    `regex.findall` alone as the yardstick, and whether each tool's ids equal nbbpe's.
-
-    nbbpe is always measured (it is the reference for the ids); tools are built and warmed up
-    before any clock starts. Default vocab: the GPT-2 files in tests/fixtures.
+    A run is a dict: corpus, encoding, tool, threads, round, cpus, max_bytes, and what
+    `run_child` returns (or `skipped` / `error`); then `exact`, whether its ids equal tiktoken's
+    on the corpus (None without a tiktoken run), and for the first run of a (corpus, tool,
+    threads) whose ids differ, `mismatch`: where. Tools alternate, rotated each round.
     """
-    global _pieces
-    vocab_path = vocab_path or os.path.join(FIXTURES, "gpt2_vocab.json")
-    merges_path = merges_path or os.path.join(FIXTURES, "gpt2_merges.txt")
-    with open(corpus, encoding="utf-8") as f:
-        text = f.read() if limit_mb is None else f.read(int(limit_mb * 1e6))
-    _pieces = cut_pieces(text, piece_kb * 1024)
-    del text
-    megabytes = sum(len(p.encode("utf-8")) for p in _pieces) / 1e6
-    names = ["nbbpe"] + [n for n in tools if n != "nbbpe"]
-    built = {}
-    for name in ["findall"] + names:
-        built[name] = build_tool(name, vocab_path, merges_path)
-        built[name]("warm up: compile or load the kernels " + EOT)
-    wall, cpu, digests = run_single(built, _pieces, repeat)
-    reference = digests["nbbpe"]
-    single = {name: {"mb_s": megabytes / wall[name], "cpu_mb_s": megabytes / cpu[name],
-                     "ids_equal": digests[name] == reference} for name in names}
-    pool = {}
-    for name in names:
-        seconds, cpu_seconds, pool_digests = run_pool(name, vocab_path, merges_path, processes)
-        pool[name] = {"mb_s": megabytes / seconds, "cpu_mb_s": megabytes / cpu_seconds,
-                      "ids_equal": pool_digests == reference}
-    return {"corpus": os.path.basename(corpus), "megabytes": megabytes, "pieces": len(_pieces),
-            "processes": processes, "repeat": repeat,
-            "findall": {"mb_s": megabytes / wall["findall"], "cpu_mb_s": megabytes / cpu["findall"]},
-            "single": single, "pool": pool}
+    corpora = [corpora] if isinstance(corpora, (str, os.PathLike)) else list(corpora)
+    runs: list[dict] = []
+    done_for_good: set = set()  # (corpus, tool, threads) skipped: no use asking again
+    with tempfile.TemporaryDirectory(prefix="bench-encode-") as scratch:
+        for corpus in map(os.fspath, corpora):
+            for round_ in range(repeat):
+                for n in threads:
+                    for tool in _rotated(tools, round_):
+                        if (tool == YARDSTICK and n > 1) or (corpus, tool, n) in done_for_good:
+                            continue
+                        run = dict(corpus=corpus, encoding=encoding, tool=tool, threads=n, round=round_,
+                                   cpus=cpus_for(n, round_), max_bytes=max_bytes)
+                        if not bench_peers.supports(tool, encoding):
+                            only = ", ".join(bench_peers.TOOL_ENCODINGS[tool])
+                            run["skipped"] = f"{tool} is built here for {only} only"
+                        else:
+                            run["doc_digests"] = os.path.join(scratch, f"{len(runs)}.bin")
+                            run |= spawn("--child", dict(run, batch_bytes=int(batch_mb * 1e6)))
+                        if "skipped" in run:
+                            done_for_good.add((corpus, tool, n))
+                        runs.append(run)
+                        log(_progress(run, repeat))
+        check_ids(runs, log)
+    for run in runs:
+        run.pop("doc_digests", None)
+    return runs
 
 
-# --- main -----------------------------------------------------------------------------------
+def _rotated(tools, k: int) -> list:
+    tools = list(tools)
+    k %= max(len(tools), 1)
+    return tools[k:] + tools[:k]
+
+
+def cpus_for(threads: int, round_: int) -> list[int]:
+    """One CPU for 1 thread, a different one each round (every tool gets the same in a round);
+    the first `threads` CPUs otherwise."""
+    if hasattr(os, "sched_getaffinity"):
+        available = sorted(os.sched_getaffinity(0))
+    else:
+        available = list(range(os.cpu_count() or 1))
+    return [available[round_ % len(available)]] if threads == 1 else available[:threads]
+
+
+def child_env(threads: int) -> dict:
+    """The environment of a run: the thread pools sized to `threads`, no caches set from outside."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTOKENS_")}
+    n = str(threads)
+    env.update(RAYON_NUM_THREADS=n, NUMBA_NUM_THREADS=n, OMP_NUM_THREADS=n,
+               TOKENIZERS_PARALLELISM="true" if threads > 1 else "false",
+               TIKTOKEN_CACHE_DIR="")  # tiktoken reads the local rank files without copying them to a cache
+    return env
+
+
+def spawn(mode: str, spec: dict) -> dict:
+    """`run_child` ("--child") or `diagnose_child` ("--diagnose") in a fresh process; its dict, or
+    {"error": the last line the process wrote to stderr}."""
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), mode, json.dumps(spec)],
+                          env=child_env(spec["threads"]), capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return {"error": (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]}
+    return json.loads(lines[-1])
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread{'s' if n > 1 else ''}"
+
+
+def _progress(run: dict, repeat: int) -> str:
+    where = (f"  {os.path.basename(run['corpus'])}, {_threads(run['threads'])}, "
+             f"round {run['round'] + 1}/{repeat}, {run['tool']}: ")
+    if "mb_s" in run:
+        return where + (f"{run['mb_s']:.2f} MB/s (CPU {run['cpus']}, peak RSS {run['peak_rss_mb']:.0f} MB, "
+                        f"warm-up {run['warmup_s']:.3f} s)")
+    return where + (f"skipped: {run['skipped']}" if "skipped" in run else f"FAILED: {run['error']}")
+
+
+# --- ids ----------------------------------------------------------------------------------------
+
+
+def check_ids(runs: list[dict], log=print) -> None:
+    """Set each run's `exact` against the first tiktoken run on its corpus; for the first run of
+    each (corpus, tool, threads) that differs, find the first differing document and where in it."""
+    reference = {}
+    for run in runs:
+        if run["tool"] == REFERENCE and run.get("digest"):
+            reference.setdefault(run["corpus"], run)
+    explained = set()
+    for run in runs:
+        if not run.get("digest"):
+            continue
+        ref = reference.get(run["corpus"])
+        run["exact"] = None if ref is None else run["digest"] == ref["digest"]
+        key = (run["corpus"], run["tool"], run["threads"])
+        if run["exact"] is False and key not in explained:
+            explained.add(key)
+            run["mismatch"] = explain_mismatch(run, ref)
+            log(f"  NOT EXACT: {run['tool']} ({_threads(run['threads'])}) on {os.path.basename(run['corpus'])}: "
+                f"{describe_mismatch(run['mismatch'])}")
+
+
+def explain_mismatch(run: dict, ref: dict) -> dict:
+    with open(run["doc_digests"], "rb") as f:
+        got = f.read()
+    with open(ref["doc_digests"], "rb") as f:
+        expected = f.read()
+    differ = [k for k in range(min(len(got), len(expected)) // 8)
+              if got[8 * k:8 * k + 8] != expected[8 * k:8 * k + 8]]
+    mismatch = {"documents_differing": len(differ), "ids": run["ids"], "tiktoken_ids": ref["ids"]}
+    if differ:
+        spec = {key: run[key] for key in ("tool", "encoding", "corpus", "max_bytes", "threads")}
+        mismatch["first"] = spawn("--diagnose", dict(spec, document=differ[0]))
+    return mismatch
+
+
+def describe_mismatch(m: dict) -> str:
+    text = f"{m['documents_differing']} documents differ ({m['ids']:,} ids, tiktoken {m['tiktoken_ids']:,})"
+    first = m.get("first", {})
+    if "error" in first:
+        return text + f"; diagnosing failed: {first['error']}"
+    if first:
+        text += (f"; the first is document {first['document']} ({first['document_bytes']:,} bytes, "
+                 f"{first['tool_ids']:,} ids, tiktoken {first['tiktoken_ids']:,}), from id "
+                 f"{first['first_difference']}: tiktoken {first['tiktoken']} vs {first['tool']}, "
+                 f"text {first['text']!r}")
+    return text
+
+
+# --- summary ------------------------------------------------------------------------------------
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """One row per (corpus, threads, tool), in the order first run: median, min and max MB/s over
+    the rounds, medians of MB per CPU-second, CPU/wall, build and warm-up seconds and of the RSS
+    before encoding, the largest peak RSS; `exact`
+    (None: no ids, or no tiktoken run); `skipped` or `errors`; and, for rows not known inexact,
+    the ratios to the fastest exact peer and to tiktoken."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["corpus"], run["threads"], run["tool"]), []).append(run)
+    rows = [_row(key, group) for key, group in groups.items()]
+    for corpus, threads in dict.fromkeys((r["corpus"], r["threads"]) for r in rows):
+        table = [r for r in rows if (r["corpus"], r["threads"]) == (corpus, threads) and "mb_s" in r]
+        best = max((r for r in table if r["tool"] in PEERS and r["exact"]), key=lambda r: r["mb_s"], default=None)
+        tiktoken = next((r for r in table if r["tool"] == REFERENCE and r["exact"]), None)
+        for row in table:
+            if row["exact"] is not False and best:
+                row |= {"best_peer": best["tool"], "vs_best_peer": row["mb_s"] / best["mb_s"]}
+            if row["exact"] is not False and tiktoken:
+                row["vs_tiktoken"] = row["mb_s"] / tiktoken["mb_s"]
+    return rows
+
+
+def _row(key: tuple, group: list[dict]) -> dict:
+    corpus, threads, tool = key
+    row = {"corpus": corpus, "threads": threads, "tool": tool, "runs": 0}
+    if any("skipped" in r for r in group):
+        return row | {"skipped": group[0]["skipped"]}
+    errors = [r["error"] for r in group if "error" in r]
+    done = [r for r in group if "mb_s" in r]
+    if errors:
+        row["errors"] = errors
+    if not done:
+        return row
+    rates = [r["mb_s"] for r in done]
+    exact = [r.get("exact") for r in done]
+    return row | {
+        "runs": len(done), "api": done[0]["api"], "megabytes": done[0]["megabytes"],
+        "documents": done[0]["documents"], "mb_s": statistics.median(rates), "min_mb_s": min(rates),
+        "max_mb_s": max(rates), "cpu_mb_s": statistics.median(r["cpu_mb_s"] for r in done),
+        "cpu_per_wall": statistics.median(r["cpu_per_wall"] for r in done),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in done),
+        "base_rss_mb": statistics.median(r["base_rss_mb"] for r in done),
+        "build_s": statistics.median(r["build_s"] for r in done),
+        "warmup_s": statistics.median(r["warmup_s"] for r in done),
+        "load_average": [min(r["load_average"] for r in done), max(r["load_average"] for r in done)],
+        "exact": False if False in exact else None if None in exact else True,
+        "mismatch": next((r["mismatch"] for r in done if "mismatch" in r), None),
+    }
+
+
+def report(rows: list[dict], encoding: str, log=print) -> None:
+    """A table per corpus and thread count, then the exact calls of each tool."""
+    for corpus, threads in dict.fromkeys((r["corpus"], r["threads"]) for r in rows):
+        table = [r for r in rows if (r["corpus"], r["threads"]) == (corpus, threads)]
+        measured = [r for r in table if "mb_s" in r]
+        log("")
+        log(_table_title(corpus, threads, encoding, measured))
+        log(f"  {'tool':<12}{'MB/s':>8} {'(min-max)':<15}{'x best':>7}{'x tiktoken':>11}{'MB/CPU-s':>9}"
+            f"{'CPU/wall':>9}  {'ids':<10}{'peak RSS':>9}{'build':>8}{'warm-up':>9}")
+        for r in measured:
+            spread = f"({r['min_mb_s']:.1f}-{r['max_mb_s']:.1f})"
+            log(f"  {r['tool']:<12}{r['mb_s']:>8.2f} {spread:<15}{_ratio(r, 'vs_best_peer'):>7}"
+                f"{_ratio(r, 'vs_tiktoken'):>11}{r['cpu_mb_s']:>9.2f}{r['cpu_per_wall']:>9.2f}  {_ids(r):<10}"
+                f"{r['peak_rss_mb']:>6.0f} MB{r['build_s']:>7.2f}s{r['warmup_s']:>8.3f}s")
+        best = next((r["best_peer"] for r in measured if "best_peer" in r), None)
+        log(f"  best exact peer: {best or 'none'}; ratios by median MB/s")
+        for r in table:
+            if "skipped" in r:
+                log(f"  {r['tool']}: skipped, {r['skipped']}")
+            for error in sorted(set(r.get("errors", []))):
+                log(f"  {r['tool']}: FAILED in {r['errors'].count(error)} run(s): {error}")
+            if r.get("mismatch"):
+                log(f"  {r['tool']}: NOT EXACT, left out of the ratios: {describe_mismatch(r['mismatch'])}")
+    log("")
+    log("Calls (1 thread: each document in turn; N threads: the batch API):")
+    for tool in dict.fromkeys(r["tool"] for r in rows):
+        apis = dict.fromkeys(f"{r['threads']}: {r['api']}" for r in rows if r["tool"] == tool and "api" in r)
+        if apis:
+            log(f"  {tool:<12}" + "\n  {:<12}".format("").join(apis))
+
+
+def _table_title(corpus: str, threads: int, encoding: str, measured: list[dict]) -> str:
+    mode = ("1 thread, pinned to one CPU: one call per document" if threads == 1 else
+            f"{threads} threads on {threads} CPUs: each tool's batch API over the documents")
+    if not measured:
+        return f"{os.path.basename(corpus)}, {encoding}, {mode}"
+    first = measured[0]
+    low = min(r["load_average"][0] for r in measured)
+    high = max(r["load_average"][1] for r in measured)
+    rounds = max(r["runs"] for r in measured)
+    return (f"{os.path.basename(corpus)}: {first['megabytes']:.2f} MB in {first['documents']:,} documents, "
+            f"{encoding}; {mode}; {rounds} fresh process{'es' if rounds > 1 else ''} per tool; "
+            f"load average {low:.1f}-{high:.1f}")
+
+
+def _ratio(row: dict, key: str) -> str:
+    return f"{row[key]:.2f}" if key in row else "-"
+
+
+def _ids(row: dict) -> str:
+    if row["exact"] is None:
+        return "no ids" if row["tool"] == YARDSTICK else "unchecked"
+    return "exact" if row["exact"] else "NOT EXACT"
+
+
+def machine() -> dict:
+    """The machine, the versions, and which nbbpe the runs import (with its git commit)."""
+    versions = {}
+    for package in ("nbbpe", "numba", "numpy", "tiktoken", "gigatoken", "fastokens", "tokenizers",
+                    "bpe-openai", "quicktok-v1", "regex"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"cpus": os.cpu_count(), "cpu": notebook_support.machine_summary()["cpu"],
+            "python": platform.python_version(), "versions": versions, "nbbpe": _nbbpe_source(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _nbbpe_source() -> str | None:
+    spec = importlib.util.find_spec("nbbpe")  # finds it without importing it
+    if spec is None:
+        return None
+    package = os.path.dirname(spec.origin)
+    head = subprocess.run(["git", "-C", package, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return package
+    changed = subprocess.run(["git", "-C", package, "diff", "--quiet", "HEAD", "--", "."], capture_output=True)
+    return f"{package} (git {head.stdout.strip()}{', with uncommitted changes' if changed.returncode else ''})"
+
+
+# --- for the notebooks --------------------------------------------------------------------------
+
+
+def measure_encoding(corpus: str, tools=TOOLS, *, limit_mb: float | None = None, processes: int = 2,
+                     repeat: int = 3, encoding: str = "gpt2") -> dict:
+    """`measure` on one corpus with 1 thread and `processes` threads (each tool's batch API), the
+    `regex.findall` yardstick included and tiktoken always (the reference), as a dict:
+
+    corpus, encoding, megabytes, documents (also as `pieces`), threads, repeat, reference,
+    findall: {mb_s}, single and pool: {tool: the summary row (`mb_s` the median) with
+    `ids_equal`, whether its ids equal tiktoken's}, for the tools asked; rows; runs.
+    """
+    names = list(dict.fromkeys([*tools, *(t for t in (REFERENCE, YARDSTICK) if tool_available(t))]))
+    runs = measure([corpus], names, encoding, (1, processes), repeat,
+                   max_bytes=None if limit_mb is None else int(limit_mb * 1e6), log=lambda line: None)
+    rows = summarize(runs)
+
+    def by_tool(threads):
+        return {r["tool"]: r | {"ids_equal": bool(r.get("exact"))} for r in rows
+                if r["threads"] == threads and r["tool"] in tools}
+
+    findall = next(r for r in rows if r["tool"] == YARDSTICK)
+    first = next(r for r in rows if "mb_s" in r)
+    return {"corpus": os.path.basename(corpus), "encoding": encoding, "megabytes": first["megabytes"],
+            "documents": first["documents"], "pieces": first["documents"], "threads": processes,
+            "repeat": repeat, "reference": REFERENCE, "findall": findall, "single": by_tool(1),
+            "pool": by_tool(processes), "rows": rows, "runs": runs}
+
+
+# --- command line -------------------------------------------------------------------------------
+
+
+def parse_bytes(text: str) -> int:
+    """200M, 1G, 5e8, 300000: decimal units."""
+    units = {"K": 10**3, "M": 10**6, "G": 10**9}
+    if text[-1:].upper() in units:
+        return int(float(text[:-1]) * units[text[-1].upper()])
+    return int(float(text))
+
+
+def default_corpora() -> list[str]:
+    directory = notebook_support.shared_corpora_dir()
+    if directory is None:
+        raise SystemExit(f"no corpus given, and no shared corpora in {notebook_support.SHARED_CORPORA_DIRS}")
+    return [os.path.join(directory, name) for name in DEFAULT_CORPORA]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("corpora", nargs="*", help=f"text files (default: the shared {', '.join(DEFAULT_CORPORA)})")
+    parser.add_argument("--pattern", "--encoding", dest="encoding", default="gpt2", choices=bench_peers.ENCODINGS)
+    parser.add_argument("--tools", default=",".join(DEFAULT_TOOLS),
+                        help=f"comma-separated, of {','.join(ALL_TOOLS)} (tiktoken is always added: "
+                             "it is the reference)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeat", type=int, default=3, help="fresh processes per tool and thread count")
+    parser.add_argument("--max-bytes", type=parse_bytes, help="only the documents within the first N bytes (200M, 1G)")
+    parser.add_argument("--batch-mb", type=float, default=16, help="documents handed to a tool at once")
+    parser.add_argument("--json", help="write the settings, machine, runs and summary rows here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--diagnose", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    unknown = [t for t in args.tools.split(",") if t.strip() and t.strip() not in ALL_TOOLS]
+    if unknown:
+        parser.error(f"unknown tools {unknown}; known: {', '.join(ALL_TOOLS)}")
+    return args
+
+
+def select_tools(tools: str, encoding: str) -> list[str]:
+    """The tools asked for (tiktoken first) that are installed and built for `encoding`; says
+    which are left out."""
+    names = list(dict.fromkeys([REFERENCE, *(t.strip() for t in tools.split(",") if t.strip())]))
+    missing = [t for t in names if not tool_available(t)]
+    if missing:
+        print(f"left out, not installed: {', '.join(f'{t} (package {TOOL_MODULES[t]})' for t in missing)}")
+    other = [t for t in names if not bench_peers.supports(t, encoding)]
+    if other:
+        print(f"left out, not built for {encoding} here: {', '.join(other)}")
+    return [t for t in names if t not in missing and t not in other]
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("corpus")
-    parser.add_argument("--vocab", default=os.path.join(FIXTURES, "gpt2_vocab.json"))
-    parser.add_argument("--merges", default=os.path.join(FIXTURES, "gpt2_merges.txt"))
-    parser.add_argument("--limit-mb", type=float, default=None, help="use only the first MB of the corpus")
-    parser.add_argument("--piece-kb", type=int, default=256)
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=3, help="single-process passes (best is kept)")
-    parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated: nbbpe,tiktoken,hf")
-    parser.add_argument("--stream-rss", action="store_true",
-                        help="also measure encode_iterable's peak RSS growth over the file")
-    parser.add_argument("--stream-child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-
-    if args.stream_child:
-        stream_rss(args.corpus, args.vocab, args.merges)
+    args = parse_args(argv)
+    if args.child or args.diagnose:
+        result = run_child(json.loads(args.child)) if args.child else diagnose_child(json.loads(args.diagnose))
+        print(json.dumps(result))
         return 0
-
-    global _pieces
-    with open(args.corpus, encoding="utf-8") as f:
-        text = f.read() if args.limit_mb is None else f.read(int(args.limit_mb * 1e6))
-    _pieces = cut_pieces(text, args.piece_kb * 1024)
-    del text
-    megabytes = sum(len(p.encode("utf-8")) for p in _pieces) / 1e6
-    names = [n.strip() for n in args.tools.split(",") if n.strip()]
-    if "nbbpe" not in names:
-        names.insert(0, "nbbpe")
-    print(f"corpus {args.corpus}: {megabytes:.1f} MB in {len(_pieces)} pieces; "
-          f"{os.cpu_count()} CPUs; python {sys.version.split()[0]}")
-
-    tools = {}
-    for name in ["findall", "nbbpe", "nbbpe_numpy"] + [n for n in names if n != "nbbpe"]:
-        t0 = time.perf_counter()
-        tools[name] = build_tool(name, args.vocab, args.merges)
-        t1 = time.perf_counter()
-        tools[name]("warm up: compile or load the kernels " + EOT)
-        t2 = time.perf_counter()
-        if name != "findall":
-            first = "first call (Numba compile or cache load)" if name.startswith("nbbpe") else "first call"
-            print(f"  {name}: built in {t1 - t0:.2f} s, {first} {t2 - t1:.2f} s")
-
-    wall, cpu, digests = run_single(tools, _pieces, args.repeat)
-    reference = digests["nbbpe"]
-    print(f"\none process (best of {args.repeat}; MB/s by wall time, and by CPU time):")
-    print(f"  {'regex.findall alone':24s} {megabytes / wall['findall']:7.2f} MB/s  "
-          f"({megabytes / cpu['findall']:6.2f} CPU)")
-    for name in tools:
-        if name == "findall":
-            continue
-        same = digests[name] == reference
-        label = {"nbbpe": "nbbpe encode (list)", "nbbpe_numpy": "nbbpe encode_to_numpy",
-                 "hf": "HF tokenizers"}.get(name, name)
-        print(f"  {label:24s} {megabytes / wall[name]:7.2f} MB/s  ({megabytes / cpu[name]:6.2f} CPU)"
-              f"   ids equal to nbbpe: {'yes' if same else 'NO'}")
-    print(f"  nbbpe encode / regex.findall throughput: {wall['findall'] / wall['nbbpe']:.2f} by wall "
-          f"time, {cpu['findall'] / cpu['nbbpe']:.2f} by CPU time")
-
-    print(f"\n{args.processes} processes:")
-    for name in names:
-        seconds, cpu_seconds, pool_digests = run_pool(name, args.vocab, args.merges, args.processes)
-        same = pool_digests == reference
-        label = {"nbbpe": "nbbpe encode (list)", "hf": "HF tokenizers"}.get(name, name)
-        print(f"  {label:24s} {megabytes / seconds:7.2f} MB/s  ({megabytes / cpu_seconds:6.2f} per CPU-second "
-              f"of encoding in the workers)   ids equal to nbbpe: {'yes' if same else 'NO'}")
-
-    if args.stream_rss:
-        total = hashlib.sha1()
-        count = 0
-        for piece in _pieces:  # the digest of all ids in order, to compare with the stream's
-            ids = tools["nbbpe_numpy"](piece)
-            total.update(ids.astype(np.int32).tobytes())
-            count += len(ids)
-        print()
-        if args.limit_mb is not None:
-            print("(streaming reads the whole file; --limit-mb does not apply)")
-        else:
-            stream_check(args.corpus, args.vocab, args.merges, total.hexdigest(), count)
+    corpora = args.corpora or default_corpora()
+    about = machine()
+    print(f"{about['date']}; {about['cpus']} CPUs ({about['cpu']}); Python {about['python']}; "
+          f"nbbpe from {about['nbbpe']}")
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in about["versions"].items() if v))
+    names = select_tools(args.tools, args.encoding)
+    limit = f"; the documents in the first {args.max_bytes:,} bytes of each corpus" if args.max_bytes else ""
+    print(f"encoding {args.encoding}; tools {', '.join(names)}; threads {args.threads}; "
+          f"{args.repeat} rounds{limit}")
+    runs = measure(corpora, names, args.encoding, args.threads, args.repeat, max_bytes=args.max_bytes,
+                   batch_mb=args.batch_mb)
+    rows = summarize(runs)
+    report(rows, args.encoding)
+    if args.json:
+        settings = {k: v for k, v in vars(args).items() if k not in ("child", "diagnose")}
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"settings": settings | {"corpora": corpora, "tools": names}, "machine": about,
+                       "rows": rows, "runs": runs}, f, indent=1)
+        print(f"\nnumbers written to {args.json}")
     return 0
 
 
