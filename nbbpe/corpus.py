@@ -5,15 +5,39 @@ memory stays bounded by the chunk size whatever the file size. A chunk boundary 
 where it cannot change the result (see `safe_boundary_after`):
 
 - at the start of a special-token occurrence that no other occurrence overlaps: special tokens
-  are cut out before pre-tokenization, so nothing is ever merged across them; or, failing that,
-- between an ASCII letter or digit and a following space or newline: every supported pattern ends
+  are cut out before pre-tokenization and the pattern runs on each stretch between them on its
+  own, so nothing is ever merged across them, whatever the pattern; or, failing that,
+- only for the built-in patterns (`WHITESPACE_CUT_PATTERNS`: GPT-2's in both spellings, cl100k's,
+  o200k's), between an ASCII letter or digit and a following space or newline: each of them ends
   a pre-token there, and none looks behind, so the text on either side splits the same way alone
-  as it does joined (checked against `regex` on the joined text in the tests).
+  as it does joined (checked with hypothesis against `regex` at every such place, in
+  tests/test_exactness.py).
+
+A custom pattern gets no whitespace cuts: nothing about an arbitrary `regex` pattern can be
+checked on a window of text (a lookahead may read to the end of the stretch, a lookbehind, `\\b`
+or `\\G` looks before the cut, `^`/`$` depend on where the string ends), so only special tokens,
+document boundaries and file ends cut it, where the pattern is applied to each side separately by
+definition. The cost: a text file without special tokens is one unit of work, read and
+pre-tokenized whole by one worker (memory grows with the file; a directory of files, or JSONL or
+Parquet documents, still run in parallel).
 
 Invalid UTF-8 policy: `errors="strict"` (the default) raises `InvalidUTF8Error` naming the byte
 offset in the file; `errors="replace"` decodes each invalid sequence to U+FFFD exactly as
-`bytes.decode("utf-8", errors="replace")` does on the whole file (boundaries sit before ASCII bytes
-or a special token's first byte, which always start a new sequence, so chunking cannot change it).
+`bytes.decode("utf-8", errors="replace")` does on the whole file. Boundaries sit before an ASCII
+byte or a special token's first byte (ASCII or a lead byte), where the decoder always starts a new
+sequence, so each chunk decodes to exactly its part of the whole file's text.
+
+Special tokens are matched after that decoding, so a special token that contains U+FFFD may match
+text whose bytes in the file are an invalid sequence, not EF BF BD: such an occurrence is not
+found in the raw bytes, and a cut inside it would split it. So when some special token contains
+U+FFFD, no boundary lies within L bytes of an invalid sequence, L being the longest special
+token's UTF-8 length (`_invalid_utf8_near`; applied whatever the policy, since under "strict"
+such a file is refused anyway). Why L is enough: a special-token occurrence in the decoded text
+is a run of characters, each either a valid sequence copied byte for byte or a U+FFFD (3 bytes
+when encoded) standing for an invalid sequence of 1 to 3 bytes of the file, so the occurrence
+covers at most L bytes of the file. If it covers no invalid sequence, its bytes in the file are
+the special token's own UTF-8 bytes, and the raw search sees it; if it covers one and spans a
+boundary b (starts before b, ends after b), that invalid sequence lies within L bytes of b.
 """
 
 from __future__ import annotations
@@ -25,11 +49,31 @@ from typing import BinaryIO
 import numpy as np
 import regex
 
+from .patterns import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN, TIKTOKEN_GPT2_PATTERN
+
 DEFAULT_CHUNK_BYTES = 2 << 20
 UTF8_ERROR_POLICIES = ("strict", "replace")
 
-# A letter or digit followed by a space or newline: a pre-token always ends between the two.
+# A letter or digit followed by a space or newline: with these patterns a pre-token always ends
+# between the two (proven with hypothesis in tests/test_exactness.py); with any other pattern
+# nothing is assumed.
 _WHITESPACE_BOUNDARY = regex.compile(rb"[A-Za-z0-9](?=[ \n])")
+WHITESPACE_CUT_PATTERNS = frozenset({GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN, CL100K_PATTERN,
+                                     O200K_PATTERN})
+_REPLACEMENT = "\ufffd".encode()
+_UTF8_SLACK = 3  # bytes of context beyond a window that decide whether its UTF-8 is valid
+
+
+def whitespace_cuts_allowed(pattern: str | None) -> bool:
+    """Whether text pre-tokenized with `pattern` may be cut between an ASCII letter or digit and
+    a space or newline (only for the built-in patterns, where it is proven)."""
+    return pattern in WHITESPACE_CUT_PATTERNS
+
+
+def boundary_reach_back(special_tokens: Sequence[str]) -> int:
+    """How far before a boundary `iter_safe_boundaries` may read again (and so how much of a
+    stream must be kept before the last boundary)."""
+    return max((len(t.encode("utf-8")) for t in special_tokens), default=1) + _UTF8_SLACK
 
 
 class InvalidUTF8Error(ValueError):
@@ -141,14 +185,73 @@ def _covered_by_special(buf: bytes, pos: int, specials: Sequence[bytes]) -> bool
     return False
 
 
-def safe_boundary_after(buf: bytes, start: int, specials: Sequence[bytes]) -> int | None:
+def _invalid_utf8_near(buf: bytes, pos: int, reach: int, starts_stream: bool) -> bool:
+    """Whether decoding the whole stream meets an invalid UTF-8 sequence that overlaps
+    buf[pos - reach : pos + reach) (True also when `buf` holds too little to tell).
+
+    Needs `_UTF8_SLACK` bytes of `buf` after that window, and as many before it unless `buf`
+    starts the stream (`starts_stream`). The decoder starts a new sequence at every byte that
+    is not a continuation byte (10xxxxxx), and after an invalid sequence at its end (as
+    `exc.end`), so decoding from the first such byte of the slack before the window does what
+    the whole stream's decoding does there (a fourth continuation byte in a row is invalid
+    anyway); a sequence cut short by the end of the slack starts at or after pos + reach.
+    """
+    lo = pos - reach - _UTF8_SLACK
+    if lo < 0:
+        if not starts_stream:
+            return True
+        lo = 0
+    hi = pos + reach + _UTF8_SLACK
+    if hi > len(buf):
+        return True
+    window = bytes(buf[lo:hi])
+    if window.isascii():
+        return False
+    first, last = pos - reach - lo, pos + reach - lo  # the window, in `window`
+    at = 0
+    if lo > 0:
+        while at < _UTF8_SLACK and 0x80 <= window[at] < 0xC0:
+            at += 1
+    while True:
+        try:
+            window[at:].decode("utf-8")
+            return False
+        except UnicodeDecodeError as exc:
+            bad_start, bad_end = at + exc.start, at + exc.end
+            if bad_start >= last:
+                return False
+            if bad_end > first:
+                return True
+            at = bad_end
+
+
+def _cut_margin(specials: Sequence[bytes]) -> tuple[int, bool]:
+    """(bytes a boundary needs after it in the buffer to be checked, whether invalid UTF-8
+    near a boundary must be ruled out: some special token contains U+FFFD)."""
+    longest = max((len(t) for t in specials), default=1)
+    guard = any(_REPLACEMENT in t for t in specials)
+    return longest + (_UTF8_SLACK if guard else 0), guard
+
+
+def safe_boundary_after(buf: bytes, start: int, specials: Sequence[bytes], *,
+                        whitespace_cuts: bool = True, starts_stream: bool = True) -> int | None:
     """The first safe chunk boundary in `buf` at or after `start`, or None if there is none.
 
-    Prefers special-token occurrences (document boundaries) over whitespace boundaries.
-    A position too close to the end of `buf` to be checked is not returned.
+    Prefers special-token occurrences (document boundaries) over whitespace boundaries, which
+    are only considered with `whitespace_cuts` (see `whitespace_cuts_allowed`). A position too
+    close to the end of `buf` to be checked is not returned. When some special token contains
+    U+FFFD, a position near invalid UTF-8 is not returned either (see the module docstring);
+    `starts_stream` says whether buf[0] is the first byte of the file or stream, and `buf` must
+    hold `boundary_reach_back` bytes before `start` otherwise.
     """
     longest = max((len(t) for t in specials), default=1)
-    limit = len(buf) - longest  # a match at or past here could run off the end of buf
+    margin, guard = _cut_margin(specials)
+    limit = len(buf) - margin  # a match at or past here could run off the end of buf
+
+    def safe(pos: int) -> bool:
+        return not _covered_by_special(buf, pos, specials) and not (
+            guard and _invalid_utf8_near(buf, pos, longest, starts_stream))
+
     pos = start
     while specials:
         hits = [buf.find(t, pos, len(buf)) for t in specials]
@@ -158,16 +261,18 @@ def safe_boundary_after(buf: bytes, start: int, specials: Sequence[bytes]) -> in
         first = min(hits)
         if first >= limit:
             break
-        if not _covered_by_special(buf, first, specials):
+        if safe(first):
             return first
         pos = first + 1
+    if not whitespace_cuts:
+        return None
     pos = start
     while True:
         match = _WHITESPACE_BOUNDARY.search(buf, pos)
         if match is None or match.end() >= limit:
             return None
         boundary = match.end()
-        if not _covered_by_special(buf, boundary, specials):
+        if safe(boundary):
             return boundary
         pos = boundary
 
@@ -176,34 +281,51 @@ def iter_safe_boundaries(
     read_at: Callable[[int, int], bytes],
     chunk_bytes: int,
     special_tokens: Sequence[str] = (),
+    *,
+    whitespace_cuts: bool = True,
 ) -> Iterator[int]:
     """The inner chunk boundaries of a byte sequence, ascending, chosen as `chunk_boundaries` does.
 
-    `read_at(pos, n)` returns the bytes at [pos, pos + n), fewer only at the end of the sequence.
-    Reads only move forward, except back by at most the longest special token's length before the
-    last boundary yielded, so a forward-only stream kept in a sliding window can serve them; the
-    boundaries depend only on the bytes, never on how the reads are served.
+    `whitespace_cuts` allows boundaries between an ASCII letter or digit and a space or newline
+    (see `whitespace_cuts_allowed`); without it only special tokens cut, and without special
+    tokens there is no inner boundary at all. `read_at(pos, n)` returns the bytes at
+    [pos, pos + n), fewer only at the end of the sequence. Reads only move forward, except back
+    by at most `boundary_reach_back(special_tokens)` bytes before the last boundary yielded, so a
+    forward-only stream kept in a sliding window can serve them; the boundaries depend only on
+    the bytes, never on how the reads are served. Time is linear in the bytes read, and memory
+    bounded by the search window, however long a stretch without a safe place.
     """
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     specials = [t.encode("utf-8") for t in special_tokens]
-    reach_back = max((len(t) for t in specials), default=1)
+    if not specials and not whitespace_cuts:
+        return
+    reach_back = boundary_reach_back(special_tokens)
+    margin, _ = _cut_margin(specials)
     window = max(chunk_bytes, 64 << 10, 4 * reach_back)
     target = chunk_bytes
     while True:
-        # Look from `target` on for a safe place, widening the window until one is found.
+        # Look from `target` on for a safe place, reading on a window at a time until one is found.
         base = max(0, target - reach_back)
         want = target - base + window
         buf = read_at(base, want)
         if base + len(buf) <= target:  # nothing after `target`: the rest is the last chunk
             return
         at_end = len(buf) < want
-        while (found := safe_boundary_after(buf, target - base, specials)) is None:
+        start = target - base
+        while (found := safe_boundary_after(buf, start, specials, whitespace_cuts=whitespace_cuts,
+                                            starts_stream=base == 0)) is None:
             if at_end:
                 return
+            # Every place before len(buf) - margin was checked (and what decides it lies in buf):
+            # go on from there, keeping only the bytes a later check looks back at.
+            resume = max(start, len(buf) - margin)
+            keep = max(0, resume - reach_back)
             more = read_at(base + len(buf), window)
             at_end = len(more) < window
-            buf += more
+            buf = buf[keep:] + more
+            base += keep
+            start = resume - keep
         yield base + found
         target = base + found + chunk_bytes
 
@@ -224,11 +346,14 @@ def chunk_boundaries(
     special_tokens: Sequence[str] = (),
     *,
     size: int | None = None,
+    pattern: str | None = GPT2_PATTERN,
 ) -> list[int]:
-    """Byte offsets [0, b1, ..., size] cutting the file into chunks of about `chunk_bytes`."""
+    """Byte offsets [0, b1, ..., size] cutting the file into chunks of about `chunk_bytes`,
+    safe for pre-tokenization with `pattern` (a custom pattern is cut at special tokens only)."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     size = os.path.getsize(path) if size is None else size
     with open(path, "rb") as f:
-        inner = list(iter_safe_boundaries(reader_at(f, size), chunk_bytes, special_tokens))
+        inner = list(iter_safe_boundaries(reader_at(f, size), chunk_bytes, special_tokens,
+                                          whitespace_cuts=whitespace_cuts_allowed(pattern)))
     return [0, *inner, size]

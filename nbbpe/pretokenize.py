@@ -185,7 +185,8 @@ def count_pretokens_in_source(
     counter_args = (pattern, list(special_tokens), errors, pretokenizer)
     make_pretoken_counter(*counter_args)  # checks the arguments before any work
     files = resolve_source(source, text_field=text_field, text_column=text_column)
-    units = plan_units(files, chunk_bytes=chunk_bytes, special_tokens=special_tokens)
+    units = plan_units(files, chunk_bytes=chunk_bytes, special_tokens=special_tokens,
+                       pattern=pattern)
     total = sum(file.size for file in files)
     return count_items(units, counter_args, executor=executor, errors=errors,
                        chunk_bytes=chunk_bytes, progress=progress, total=total,

@@ -14,8 +14,9 @@ Interface
 ---------
 - `resolve_source(source, *, text_field="text", text_column="text") -> list[SourceFile]`: the files
   of a source, in order, each with its format and compression (from its suffixes).
-- `plan_units(files, *, chunk_bytes, special_tokens=()) -> list[Unit]`: units of work in source
-  order; a `Unit` is a small frozen, picklable dataclass.
+- `plan_units(files, *, chunk_bytes, special_tokens=(), pattern=GPT2_PATTERN) -> list[Unit]`:
+  units of work in source order, cut where pre-tokenization with `pattern` cannot change; a
+  `Unit` is a small frozen, picklable dataclass.
 - `read_unit(unit, *, chunk_bytes=None, errors="strict") -> Iterator[Batch]`: a unit's batches,
   in order.
 - `iter_text_batches(texts, *, batch_bytes, errors="strict") -> Iterator[Batch]`: an iterable of
@@ -63,7 +64,8 @@ directory, glob or list are skipped, unless every file is empty.
 
 Units of work keep memory bounded and let several workers share a big file: an uncompressed text
 file is cut into byte ranges of about `chunk_bytes` at safe places (`corpus.chunk_boundaries`,
-which prefers special-token occurrences); an uncompressed JSONL file into byte ranges of about
+which prefers special-token occurrences, and cuts text for a custom pattern only there: such a
+file without special tokens is one unit); an uncompressed JSONL file into byte ranges of about
 `chunk_bytes` cut after a newline; a Parquet file into one unit per row group; a compressed file
 is one unit (it cannot be seeked), read as a stream in batches of about `chunk_bytes` of
 decompressed data, text cut exactly where `corpus.chunk_boundaries` would cut the decompressed
@@ -86,10 +88,13 @@ import numpy as np
 from .corpus import (
     DEFAULT_CHUNK_BYTES,
     InvalidUTF8Error,
+    boundary_reach_back,
     check_errors_policy,
     iter_safe_boundaries,
     reader_at,
+    whitespace_cuts_allowed,
 )
+from .patterns import GPT2_PATTERN
 
 __all__ = [
     "Batch",
@@ -138,7 +143,9 @@ class Unit:
 
     Text and JSONL read `[start, end)` of the file (`end=None`: all of a compressed stream);
     Parquet reads row group `row_group`, whose first row is row `first_row` (0-based) of the file.
-    `chunk_bytes` and `special_tokens` say how a compressed text stream is cut into batches.
+    `chunk_bytes`, `special_tokens` and `whitespace_cuts` (whether the pattern allows cuts at
+    whitespace: `corpus.whitespace_cuts_allowed`) say how a compressed text stream is cut into
+    batches.
     """
 
     file: SourceFile
@@ -148,6 +155,7 @@ class Unit:
     first_row: int = 0
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     special_tokens: tuple[str, ...] = ()
+    whitespace_cuts: bool = True
 
     @property
     def size_bytes(self) -> int:
@@ -479,11 +487,18 @@ def plan_units(
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     special_tokens: Sequence[str] = (),
+    pattern: str | None = GPT2_PATTERN,
 ) -> list[Unit]:
-    """Units of work of about `chunk_bytes` each, in source order (see the module docstring)."""
+    """Units of work of about `chunk_bytes` each, in source order (see the module docstring).
+
+    Text is cut only where pre-tokenization with `pattern` cannot change: for a pattern other
+    than the built-in ones (`corpus.WHITESPACE_CUT_PATTERNS`), only at special tokens, so a text
+    file without any is one unit, however large.
+    """
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     specials = tuple(special_tokens)
+    whitespace = whitespace_cuts_allowed(pattern)
     units = []
     for file in files:
         if file.format == "parquet":
@@ -494,17 +509,20 @@ def plan_units(
                 if rows
             ]
         elif file.compression:
-            units.append(Unit(file, chunk_bytes=chunk_bytes, special_tokens=specials))
+            units.append(Unit(file, chunk_bytes=chunk_bytes, special_tokens=specials,
+                              whitespace_cuts=whitespace))
         else:
             with _open_raw(file) as raw:
                 read_at = reader_at(raw, file.size)
                 if file.format == "text":
-                    inner = list(iter_safe_boundaries(read_at, chunk_bytes, specials))
+                    inner = list(iter_safe_boundaries(read_at, chunk_bytes, specials,
+                                                      whitespace_cuts=whitespace))
                 else:
                     inner = _line_end_cuts(read_at, file.size, chunk_bytes)
             bounds = [0, *inner, file.size]
             units += [
-                Unit(file, start, end, chunk_bytes=chunk_bytes, special_tokens=specials)
+                Unit(file, start, end, chunk_bytes=chunk_bytes, special_tokens=specials,
+                     whitespace_cuts=whitespace)
                 for start, end in zip(bounds[:-1], bounds[1:])
             ]
     return units
@@ -669,11 +687,12 @@ def _read_text_range(unit: Unit) -> Iterator[Batch]:
 def _read_text_stream(unit: Unit, chunk_bytes: int) -> Iterator[Batch]:
     """A compressed text file in batches cut where `corpus.chunk_boundaries` would cut it."""
     name = f"{unit.file.path} (decompressed)"
-    reach_back = max((len(t.encode()) for t in unit.special_tokens), default=1)
+    reach_back = boundary_reach_back(unit.special_tokens)
     with _open_stream(unit) as stream:
         window = _StreamWindow(stream)
         start = 0
-        for cut in iter_safe_boundaries(window.read_at, chunk_bytes, unit.special_tokens):
+        for cut in iter_safe_boundaries(window.read_at, chunk_bytes, unit.special_tokens,
+                                        whitespace_cuts=unit.whitespace_cuts):
             yield _text_batch(window.read_at(start, cut - start), Where(name, "byte", start))
             window.forget_before(cut - reach_back)  # later reads start at most this far back
             start = cut

@@ -9,10 +9,11 @@ it was made (dtype, token count, the tokenizer's hash, the sources and their siz
 How `encode_file` works, and why:
 
 - the source (a text file, or anything `sources.py` reads) is planned as units of work cut at
-  safe places (`corpus.chunk_boundaries`: at special tokens, i.e. document boundaries, or else
-  between a letter or digit and a space or newline), where a cut cannot change any id; so the
-  ids are those of `tokenizer.encode` on the whole text, whatever the number of workers or the
-  chunk size. Documents of JSONL, Parquet and iterators are each followed by a separator id;
+  safe places (`corpus.chunk_boundaries`: at special tokens, i.e. document boundaries, or else,
+  for the built-in patterns only, between a letter or digit and a space or newline), where a
+  cut cannot change any id; so the ids are those of `tokenizer.encode` on the whole text,
+  whatever the number of workers or the chunk size. Documents of JSONL, Parquet and iterators
+  are each followed by a separator id;
 - worker threads (or Dask workers) read and encode units; the ids are written here in source
   order, each unit through a short-lived `np.memmap` window into a file grown ahead of need and
   trimmed at the end. At most a few units run ahead of the next one to be written, so memory is
@@ -275,8 +276,8 @@ def encode_file(
     (default: when stderr is a terminal).
 
     The output appears only when complete; missing parent directories are created. Text files
-    are cut at special tokens or between a letter or digit and a space or newline: safe for the
-    built-in patterns (a custom pattern must also end a pre-token there).
+    are cut at special tokens, or for the built-in patterns also between a letter or digit and a
+    space or newline; with a custom pattern a text file without special tokens is one unit.
     """
     from .sources import plan_units, resolve_source
     from .train import _executor
@@ -296,10 +297,11 @@ def encode_file(
         progress = _stderr_is_terminal()
 
     start_time = time.perf_counter()
-    units = plan_units(files, chunk_bytes=chunk_bytes, special_tokens=tokenizer.special_tokens)
+    units = plan_units(files, chunk_bytes=chunk_bytes, special_tokens=tokenizer.special_tokens,
+                       pattern=tokenizer.pattern)
     size = sum(file.size for file in files)
     encoder = UnitEncoder(tokenizer, dtype, errors, sep, chunk_bytes)
-    if executor.num_workers > 1:
+    if not getattr(executor, "remote", False) and executor.num_workers > 1:
         tokenizer.encode("warm up")  # build the tables (and load the kernels) once, not per thread
     results = executor.map(encoder, units)
     with tqdm(total=size, unit="B", unit_scale=True, desc="encode", disable=not progress) as bar:
