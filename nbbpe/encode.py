@@ -99,9 +99,9 @@ EMPTY_TABLE = Table(np.zeros(2, np.int64), np.zeros(1, np.int32), np.zeros(3, np
 
 
 def new_scratch() -> np.ndarray:
-    """Scratch space of the kernels: a window of pre-token ends, and the pair ranks of a short
-    pre-token being merged."""
-    return np.empty(WINDOW + _HEAP_ABOVE + 1, dtype=np.int64)
+    """Scratch space of the kernels: a window of pre-token ends, their keys, length codes and
+    home slots in the cache, and the pair ranks of a short pre-token being merged."""
+    return np.empty(4 * WINDOW + _HEAP_ABOVE + 1, dtype=np.int64)
 
 
 # --- the rank table ---------------------------------------------------------------------------
@@ -360,7 +360,7 @@ def _merge_on_heap(work, ranks):
 # --- tables of encoded pre-tokens ----------------------------------------------------------------
 
 
-@njit(cache=True, nogil=True)
+@njit(inline="always")
 def _load8(buf, i):
     """Bytes buf[i:i + 8] as a little-endian uint64 (one load: LLVM merges the byte loads)."""
     return (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
@@ -398,9 +398,20 @@ def _key(buf, start, end):
 def _find(table, key, code, buf, start, length):
     """The slot of `table` holding pre-token buf[start:start + length] (key and code from
     `_key`), or -1 - the empty slot where it would go."""
+    return _find_from(table, _home(table, key), key, code, buf, start, length)
+
+
+@njit(inline="always")
+def _home(table, key):
+    """The slot where the search for `key` starts."""
+    return np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(table.shift))
+
+
+@njit(cache=True, nogil=True)
+def _find_from(table, s, key, code, buf, start, length):
+    """`_find`, starting at slot s (`_home` of the key)."""
     slots = table.slots
     mask = (slots.shape[0] >> 1) - 1
-    s = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(table.shift))
     while True:
         meta = slots[2 * s + 1]
         if meta == 0:
@@ -524,6 +535,33 @@ def _encode_piece(encode_new, buf, start, end, out, w, ranks, vocab, cache, pair
     return w + encode_new(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, pairs)
 
 
+@njit(cache=True, nogil=True, _nrt=False)
+def _prepare_window(buf, start, window, n, cache, keys, codes, homes):
+    """For each pre-token of a window (pre-token t ends at window[t], the first starts at
+    `start`): its cache key, length code and home slot, and a first read of that slot. The
+    cache is several MB, so reading a slot mostly waits for memory: done for a whole window at
+    once, the reads overlap instead of each pre-token waiting for its own. Returns what it read,
+    folded, so the reads are not optimized away."""
+    touched = np.int64(0)
+    size = buf.shape[0]
+    for t in range(n):
+        end = window[t]
+        length = end - start
+        if 2 <= length <= cache.max_key_len:
+            if length <= 8 and start + 8 <= size:  # the common case: one 8-byte load
+                key = np.int64(_load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * length)))
+                code = length
+            else:
+                key, code = _key(buf, start, end)
+            home = _home(cache, key)
+            keys[t] = key
+            codes[t] = code
+            homes[t] = home
+            touched ^= cache.slots[2 * home + 1]
+        start = end
+    return touched
+
+
 # --- the one pass ------------------------------------------------------------------------------
 
 
@@ -542,7 +580,10 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
     """
     cap = out.shape[0]
     window = scratch[:WINDOW]
-    pairs = scratch[WINDOW:]
+    keys = scratch[WINDOW : 2 * WINDOW]
+    codes = scratch[2 * WINDOW : 3 * WINDOW]
+    homes = scratch[3 * WINDOW : 4 * WINDOW]
+    pairs = scratch[4 * WINDOW :]
     w = np.int64(0)
     n_docs = doc_ends.shape[0]
     while doc < n_docs:
@@ -553,11 +594,25 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                 n = scan_window(scanner, block_scanner, buf, table, i, stop, window)
                 if w + (window[n - 1] - i) > cap:  # at most one id per byte
                     return w, doc, i, 0
+                pairs[0] = _prepare_window(buf, i, window, n, cache, keys, codes, homes)
                 for t in range(n):
                     j = window[t]
-                    if j - i > _HEAP_ABOVE:
-                        return w, doc, i, j - i
-                    w = _encode_piece(encode_new, buf, i, j, out, w, ranks, vocab, cache, pairs)
+                    length = j - i
+                    if length > _HEAP_ABOVE:
+                        return w, doc, i, length
+                    if length == 1:
+                        out[w] = ranks.byte_ids[buf[i]]
+                        w += 1
+                    else:  # 2 <= length <= _HEAP_ABOVE < max_key_len, or no cache at all
+                        slot = np.int64(0)
+                        if length <= cache.max_key_len:
+                            slot = _find_from(cache, homes[t], keys[t], codes[t], buf, i, length)
+                        if slot >= 0 and length <= cache.max_key_len:
+                            w += _copy_ids(cache, slot, out, w)
+                        else:
+                            key, code = _key(buf, i, j) if slot == 0 else (keys[t], codes[t])
+                            w += encode_new(buf, i, j, key, code, slot, out, w, ranks, vocab,
+                                            cache, pairs)
                     i = j
             if which >= 0:
                 if w + 1 > cap:
