@@ -12,13 +12,9 @@ Data, all flat arrays in NamedTuples (Numba passes them as structs):
 
 - `Ranks`: the merges as an open-addressing hash table of one int64 per slot, the pair of token
   ids (left << id_bits | right) above the pair's rank; the merged id comes from `merged`;
-- `Table` (the same layout twice): pre-tokens -> their ids. A pre-token of up to 8 bytes is
-  its own key (packed little-endian, with its length), so a lookup is one multiply and usually
-  one probe; one that encodes to a single id keeps the id in its slot. Longer ones are keyed by
-  a hash and their bytes are compared in a record. The *vocab table*, built once per tokenizer
-  and shared read-only by every thread, holds the ids of every token's own bytes: the common
-  words are found there, never merged. The *cache*, one per thread, remembers every other
-  pre-token encoded; it is emptied at once when full, so memory stays bounded.
+- tables of encoded pre-tokens (`encode_tables.py`): the vocab table, shared by all threads,
+  holds every token's own bytes with their ids, and each thread's cache every other pre-token
+  it met. Most pre-tokens are found in the vocab table; a merge runs once per new pre-token.
 
 Two merge orders, both exact:
 
@@ -44,6 +40,20 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .encode_tables import (
+    MAX_SHORT,
+    Table,
+    cache_for_thread,
+    copy_ids,
+    find,
+    home,
+    key_of,
+    load8,
+    lookup,
+    new_table,
+    prefetch,
+    store,
+)
 from .scanners.cl100k import cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
 from .scanners.o200k import o200k_pretoken_end
@@ -55,9 +65,9 @@ NO_MERGE = np.int64(np.iinfo(np.int64).max)
 _EMPTY = np.int64(-1)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
-_LONG = np.int64(15)  # length code of keys longer than 8 bytes (a hash; bytes compared)
-_SINGLE = np.int64(16)  # table meta flag: the pre-token is one id, kept in the slot
-_HEAP_ABOVE = 64  # pre-tokens longer than this many bytes merge on a heap
+# Pre-tokens longer than this many bytes merge on a heap, outside the one pass (rare in any
+# language: a CJK sentence without punctuation of 85 characters is 255 bytes).
+_HEAP_ABOVE = 256
 
 
 class Ranks(NamedTuple):
@@ -72,36 +82,10 @@ class Ranks(NamedTuple):
     mode: int  # MERGES or RANKS
 
 
-class Table(NamedTuple):
-    """Pre-tokens -> ids. `slots[2s]` is a key, `slots[2s + 1]` its meta: 0 where empty, else a
-    length code in bits 0-3 (1-8: the key is the bytes themselves; 15: a hash), `_SINGLE` if the
-    pre-token is one id, and from bit 5 that id or the index of its record in `records`. A
-    record is [number of ids, ids...], then for hashed keys [length, the bytes one per item]."""
-
-    slots: np.ndarray  # int64; twice a power of two
-    records: np.ndarray  # int32
-    fill: np.ndarray  # int64[3]: items of `records` used, entries, times emptied
-    shift: int  # 64 - log2(number of slots)
-    max_entries: int  # at most half the slots, so probes stay short
-    max_key_len: int  # longer pre-tokens are never stored
-
-
-def new_table(max_entries: int, max_key_len: int = 256) -> Table:
-    """An empty table for up to `max_entries` pre-tokens of at most `max_key_len` bytes."""
-    max_entries = min(max(1, int(max_entries)), 1 << 26)
-    bits = int(2 * max_entries - 1).bit_length()
-    items = max(max_entries * 4, 4 + 2 * max_key_len)  # most entries need no record at all
-    return Table(np.zeros(2 << bits, dtype=np.int64), np.zeros(items, dtype=np.int32),
-                 np.zeros(3, dtype=np.int64), 64 - bits, max_entries, int(max_key_len))
-
-
-EMPTY_TABLE = Table(np.zeros(2, np.int64), np.zeros(1, np.int32), np.zeros(3, np.int64), 63, 0, 0)
-
-
 def new_scratch() -> np.ndarray:
-    """Scratch space of the kernels: a window of pre-token ends, their keys, length codes and
-    home slots in the cache, and the pair ranks of a short pre-token being merged."""
-    return np.empty(4 * WINDOW + _HEAP_ABOVE + 1, dtype=np.int64)
+    """Scratch space of the kernels: a window of pre-token ends, their keys (k0, k1, length
+    byte) and hashes, and the pair ranks of a short pre-token being merged."""
+    return np.empty(5 * WINDOW + _HEAP_ABOVE + 1, dtype=np.int64)
 
 
 # --- the rank table ---------------------------------------------------------------------------
@@ -272,10 +256,9 @@ def encode_long_piece(buf, start, end, ranks, vocab, out):
     else merged on a heap."""
     length = end - start
     if length <= vocab.max_key_len:
-        key, code = _key(buf, start, end)
-        s = _find(vocab, key, code, buf, start, length)
+        s, _, _, _, _ = lookup(vocab, buf, start, end)
         if s >= 0:
-            return _copy_ids(vocab, s, out, np.int64(0))
+            return copy_ids(vocab, s, out, np.int64(0))
     for i in range(length):
         out[i] = ranks.byte_ids[buf[start + i]]
     return _merge_on_heap(out, ranks)
@@ -357,209 +340,73 @@ def _merge_on_heap(work, ranks):
     return w
 
 
-# --- tables of encoded pre-tokens ----------------------------------------------------------------
-
-
-@njit(inline="always")
-def _load8(buf, i):
-    """Bytes buf[i:i + 8] as a little-endian uint64 (one load: LLVM merges the byte loads)."""
-    return (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
-            | np.uint64(buf[i + 2]) << np.uint64(16) | np.uint64(buf[i + 3]) << np.uint64(24)
-            | np.uint64(buf[i + 4]) << np.uint64(32) | np.uint64(buf[i + 5]) << np.uint64(40)
-            | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
-
-
-@njit(cache=True, nogil=True)
-def _key(buf, start, end):
-    """(key, length code) of buf[start:end]: its bytes packed if it has at most eight, else a
-    hash of its 8-byte chunks."""
-    length = end - start
-    if length <= 8 and start + 8 <= buf.shape[0]:  # the common case: one load
-        return np.int64(_load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * length))), length
-    key = np.uint64(0)
-    i = start
-    while True:
-        if i + 8 <= end:
-            chunk = _load8(buf, i)
-        else:  # the last chunk, byte by byte
-            chunk = np.uint64(0)
-            for m in range(end - 1, i - 1, -1):
-                chunk = (chunk << np.uint64(8)) | np.uint64(buf[m])
-        if length <= 8:
-            return np.int64(chunk), length
-        key = (key ^ chunk) * _GOLDEN
-        key ^= key >> np.uint64(29)
-        i += 8
-        if i >= end:
-            return np.int64(key), _LONG
-
-
-@njit(cache=True, nogil=True)
-def _find(table, key, code, buf, start, length):
-    """The slot of `table` holding pre-token buf[start:start + length] (key and code from
-    `_key`), or -1 - the empty slot where it would go."""
-    return _find_from(table, _home(table, key), key, code, buf, start, length)
-
-
-@njit(inline="always")
-def _home(table, key):
-    """The slot where the search for `key` starts."""
-    return np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(table.shift))
-
-
-@njit(cache=True, nogil=True)
-def _find_from(table, s, key, code, buf, start, length):
-    """`_find`, starting at slot s (`_home` of the key)."""
-    slots = table.slots
-    mask = (slots.shape[0] >> 1) - 1
-    while True:
-        meta = slots[2 * s + 1]
-        if meta == 0:
-            return -1 - s
-        if slots[2 * s] == key and (meta & 15) == code:
-            if code != _LONG:
-                return s
-            records = table.records
-            r = meta >> 5
-            at = r + 1 + records[r]  # the length, then the bytes
-            if records[at] == length:
-                same = True
-                for m in range(length):
-                    if records[at + 1 + m] != buf[start + m]:
-                        same = False
-                        break
-                if same:
-                    return s
-        s = (s + 1) & mask
-
-
-@njit(cache=True, nogil=True)
-def _copy_ids(table, s, out, w):
-    """Write the ids stored at slot s to out[w:]; return how many."""
-    meta = table.slots[2 * s + 1]
-    if meta & _SINGLE:
-        out[w] = np.int32(meta >> 5)
-        return 1
-    r = meta >> 5
-    m = table.records[r]
-    for i in range(m):
-        out[w + i] = table.records[r + 1 + i]
-    return m
-
-
-@njit(cache=True, nogil=True)
-def _store(table, key, code, slot, buf, start, length, ids, w, m):
-    """Store pre-token buf[start:start + length] -> ids[w:w + m] at `slot` (from `_find`);
-    empty the table first if it is full."""
-    slots = table.slots
-    records = table.records
-    fill = table.fill
-    need = 0 if (m == 1 and code != _LONG) else 1 + m + (length + 1 if code == _LONG else 0)
-    r = fill[0]
-    if fill[1] >= table.max_entries or r + need > records.shape[0]:
-        for s in range(slots.shape[0]):  # full: start again empty (bounded memory)
-            slots[s] = 0
-        fill[0] = 0
-        fill[1] = 0
-        fill[2] += 1
-        r = np.int64(0)
-        slot = -1 - _find(table, key, code, buf, start, length)
-    slots[2 * slot] = key
-    if need == 0:
-        slots[2 * slot + 1] = code | _SINGLE | (np.int64(ids[w]) << 5)
-    else:
-        records[r] = m
-        for i in range(m):
-            records[r + 1 + i] = ids[w + i]
-        if code == _LONG:
-            records[r + 1 + m] = length
-            for i in range(length):
-                records[r + 2 + m + i] = buf[start + i]
-        slots[2 * slot + 1] = code | (r << 5)
-        fill[0] = r + need
-    fill[1] += 1
+# --- one pre-token ---------------------------------------------------------------------------
 
 
 @njit(inline="always")  # into the two kernels below: `merge` is a compile-time choice
-def _encode_new(merge, buf, start, end, key, code, slot, out, w, ranks, vocab, cache, pairs):
-    """Encode pre-token buf[start:end] (at most `_HEAP_ABOVE` bytes), not in the cache, into
-    out[w:]: from the vocab table if its bytes are a token's, else by merging; remember it in
-    `cache` if it may be (`slot` from `_find`, or 0 if it is too long); return the number of
-    ids."""
+def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, vocab, cache,
+                pairs):
+    """Merge pre-token buf[start:end] (at most `_HEAP_ABOVE` bytes, not in the cache) into
+    out[w:]; remember it in a learning cache at -1 - slot (where `find` said it would go);
+    return the number of ids."""
     length = end - start
-    m = np.int64(0)
-    if length <= vocab.max_key_len:
-        s = _find(vocab, key, code, buf, start, length)
-        if s >= 0:
-            m = _copy_ids(vocab, s, out, w)
-    if m == 0:
-        for i in range(length):
-            out[w + i] = ranks.byte_ids[buf[start + i]]
-        m = merge(out, w, length, pairs, ranks)
-    if slot < 0:
-        _store(cache, key, code, -1 - slot, buf, start, length, out, w, m)
+    for i in range(length):
+        out[w + i] = ranks.byte_ids[buf[start + i]]
+    m = merge(out, w, length, pairs, ranks)
+    if cache.learns:
+        store(cache, -1 - slot, k0, k1, tag, h, buf, start, length, out, w, m, vocab)
     return m
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _encode_new_merges(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, pairs):
+def _encode_new_merges(buf, start, end, k0, k1, tag, h, slot, out, w, ranks, vocab, cache,
+                       pairs):
     """`_encode_new` in MERGES order."""
-    return _encode_new(_merge_rounds, buf, start, end, key, code, slot, out, w, ranks, vocab,
-                       cache, pairs)
+    return _encode_new(_merge_rounds, buf, start, end, k0, k1, tag, h, slot, out, w, ranks,
+                       vocab, cache, pairs)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _encode_new_ranks(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, pairs):
+def _encode_new_ranks(buf, start, end, k0, k1, tag, h, slot, out, w, ranks, vocab, cache,
+                      pairs):
     """`_encode_new` in RANKS order."""
-    return _encode_new(_merge_leftmost, buf, start, end, key, code, slot, out, w, ranks, vocab,
-                       cache, pairs)
+    return _encode_new(_merge_leftmost, buf, start, end, k0, k1, tag, h, slot, out, w, ranks,
+                       vocab, cache, pairs)
 
 
 @njit(inline="always")  # into each kernel, with its `encode_new`
-def _encode_piece(encode_new, buf, start, end, out, w, ranks, vocab, cache, pairs):
-    """Write the ids of pre-token buf[start:end] (at most `_HEAP_ABOVE` bytes) to out[w:];
-    return the new w."""
-    length = end - start
-    if length == 1:
-        out[w] = ranks.byte_ids[buf[start]]
-        return w + 1
-    slot = np.int64(0)
-    key = np.int64(0)
-    code = np.int64(0)
-    if length <= cache.max_key_len or length <= vocab.max_key_len:
-        key, code = _key(buf, start, end)
-        if length <= cache.max_key_len:
-            slot = _find(cache, key, code, buf, start, length)
-            if slot >= 0:
-                return w + _copy_ids(cache, slot, out, w)
-    return w + encode_new(buf, start, end, key, code, slot, out, w, ranks, vocab, cache, pairs)
+def _encode_one(encode_new, buf, start, end, k0, k1, tag, h, out, w, ranks, vocab, cache,
+                pairs):
+    """Write the ids of pre-token buf[start:end] (2 to `_HEAP_ABOVE` bytes; its key and hash
+    from `key_of`) to out[w:] and return how many: from the cache (which holds the vocab table
+    too), else by merging (then the cache remembers it)."""
+    slot = find(cache, home(cache, h), k0, k1, tag, buf, start, end - start)
+    if slot >= 0:
+        return copy_ids(cache, slot, out, w)
+    return encode_new(buf, start, end, k0, k1, tag, h, slot, out, w, ranks, vocab, cache, pairs)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _prepare_window(buf, start, window, n, cache, keys, codes, homes):
+def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
     """For each pre-token of a window (pre-token t ends at window[t], the first starts at
-    `start`): its cache key, length code and home slot, and a first read of that slot. The
-    cache is several MB, so reading a slot mostly waits for memory: done for a whole window at
-    once, the reads overlap instead of each pre-token waiting for its own. Returns what it read,
-    folded, so the reads are not optimized away."""
-    touched = np.int64(0)
+    `start`) of 2 to 8 bytes: its key and hash, and a prefetch of its cache slot. The cache is
+    several MB, so reading a slot mostly waits for memory: asked for a whole window at once,
+    the reads overlap instead of each pre-token waiting for its own. Other pre-tokens get tag 0
+    (their key is computed when met)."""
     size = buf.shape[0]
     for t in range(n):
         end = window[t]
         length = end - start
-        if 2 <= length <= cache.max_key_len:
-            if length <= 8 and start + 8 <= size:  # the common case: one 8-byte load
-                key = np.int64(_load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * length)))
-                code = length
-            else:
-                key, code = _key(buf, start, end)
-            home = _home(cache, key)
-            keys[t] = key
-            codes[t] = code
-            homes[t] = home
-            touched ^= cache.slots[2 * home + 1]
+        tags[t] = 0
+        if 2 <= length <= 8 and start + 16 <= size:  # the common case: one 8-byte load
+            k0 = load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * length))
+            h = (k0 + np.uint64(length)) * _GOLDEN  # `key_of`'s hash with k1 = 0
+            keys0[t] = np.int64(k0)
+            keys1[t] = 0
+            tags[t] = length
+            hashes[t] = np.int64(h)
+            prefetch(cache.slots, 4 * home(cache, h))
         start = end
-    return touched
 
 
 # --- the one pass ------------------------------------------------------------------------------
@@ -580,10 +427,11 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
     """
     cap = out.shape[0]
     window = scratch[:WINDOW]
-    keys = scratch[WINDOW : 2 * WINDOW]
-    codes = scratch[2 * WINDOW : 3 * WINDOW]
-    homes = scratch[3 * WINDOW : 4 * WINDOW]
-    pairs = scratch[4 * WINDOW :]
+    keys0 = scratch[WINDOW : 2 * WINDOW]
+    keys1 = scratch[2 * WINDOW : 3 * WINDOW]
+    tags = scratch[3 * WINDOW : 4 * WINDOW]
+    hashes = scratch[4 * WINDOW : 5 * WINDOW]
+    pairs = scratch[5 * WINDOW :]
     w = np.int64(0)
     n_docs = doc_ends.shape[0]
     while doc < n_docs:
@@ -594,25 +442,31 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                 n = scan_window(scanner, block_scanner, buf, table, i, stop, window)
                 if w + (window[n - 1] - i) > cap:  # at most one id per byte
                     return w, doc, i, 0
-                pairs[0] = _prepare_window(buf, i, window, n, cache, keys, codes, homes)
+                _prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)
                 for t in range(n):
                     j = window[t]
                     length = j - i
-                    if length > _HEAP_ABOVE:
-                        return w, doc, i, length
                     if length == 1:
                         out[w] = ranks.byte_ids[buf[i]]
                         w += 1
-                    else:  # 2 <= length <= _HEAP_ABOVE < max_key_len, or no cache at all
-                        slot = np.int64(0)
-                        if length <= cache.max_key_len:
-                            slot = _find_from(cache, homes[t], keys[t], codes[t], buf, i, length)
-                        if slot >= 0 and length <= cache.max_key_len:
-                            w += _copy_ids(cache, slot, out, w)
+                    elif length > _HEAP_ABOVE:
+                        return w, doc, i, length
+                    else:
+                        if tags[t]:
+                            k0, k1, tag, h = keys0[t], keys1[t], tags[t], np.uint64(hashes[t])
+                            # The common case, written out: the home slot holds the pre-token,
+                            # and it is one token.
+                            s = 4 * home(cache, h)
+                            meta = cache.slots[s + 2]
+                            if (meta & 0x3FF) == (tag | 256) and cache.slots[s] == k0:
+                                out[w] = np.int32(meta >> 10)
+                                w += 1
+                                i = j
+                                continue
                         else:
-                            key, code = _key(buf, i, j) if slot == 0 else (keys[t], codes[t])
-                            w += encode_new(buf, i, j, key, code, slot, out, w, ranks, vocab,
-                                            cache, pairs)
+                            k0, k1, tag, h = key_of(buf, i, j)
+                        w += _encode_one(encode_new, buf, i, j, k0, k1, tag, h, out, w, ranks,
+                                         vocab, cache, pairs)
                     i = j
             if which >= 0:
                 if w + 1 > cap:
@@ -700,12 +554,14 @@ def warm_up(family: str, mode: int) -> None:
     byte_ids = np.arange(256, dtype=np.int32)
     ranks = build_ranks(np.array([97]), np.array([98]), np.array([0]), np.array([256]), byte_ids,
                         mode)
+    vocab = build_vocab_table(np.frombuffer(b"ab", np.uint8), np.array([0, 2]), np.array([0]),
+                              ranks, 16)
     table, kernel = encoder_for(family, mode)
     buf = np.frombuffer(b"ab ab<|x|>", dtype=np.uint8)
     out = np.empty(len(buf) + 2, dtype=np.int32)
     kernel(buf, table, np.array([len(buf)], dtype=np.int64), -1, make_specials([("<|x|>", 257)]),
-           ranks, EMPTY_TABLE, new_table(16), new_scratch(), out, np.empty(1, dtype=np.int64),
-           0, 0, 0)
+           ranks, vocab, cache_for_thread(vocab), new_scratch(), out,
+           np.empty(1, dtype=np.int64), 0, 0, 0)
 
 
 def encoder_for(family: str, mode: int):
@@ -723,7 +579,7 @@ def _encode_pieces(encode_new, buf, offsets, special_slots, special_ids, ranks, 
     buf[offsets[k]:offsets[k + 1]], and the pieces listed in `special_slots` are special tokens
     with ids `special_ids`. `out` holds one id per byte. Returns (ids written, next piece,
     need): it stops before a piece longer than `_HEAP_ABOVE` bytes (`need`, its length)."""
-    pairs = scratch[WINDOW:]
+    pairs = scratch[5 * WINDOW :]
     w = np.int64(0)
     next_slot = np.searchsorted(special_slots, k)
     n = offsets.shape[0] - 1
@@ -734,9 +590,13 @@ def _encode_pieces(encode_new, buf, offsets, special_slots, special_ids, ranks, 
             next_slot += 1
         elif offsets[k + 1] - offsets[k] > _HEAP_ABOVE:
             return w, k, offsets[k + 1] - offsets[k]
+        elif offsets[k + 1] - offsets[k] == 1:
+            out[w] = ranks.byte_ids[buf[offsets[k]]]
+            w += 1
         elif offsets[k + 1] > offsets[k]:
-            w = _encode_piece(encode_new, buf, offsets[k], offsets[k + 1], out, w, ranks, vocab,
-                              cache, pairs)
+            k0, k1, tag, h = key_of(buf, offsets[k], offsets[k + 1])
+            w += _encode_one(encode_new, buf, offsets[k], offsets[k + 1], k0, k1, tag, h, out, w,
+                             ranks, vocab, cache, pairs)
         k += 1
     return w, k, 0
 
@@ -770,40 +630,43 @@ def _fill_vocab_table(token_bytes, token_offsets, token_ids, ranks, table, scrat
     (nearly always the token too, but a merge list need not promise it; tokens longer than
     `_HEAP_ABOVE` bytes are left to `encode_long_piece`)."""
     for t in range(token_ids.shape[0]):
-        start = token_offsets[t]
-        end = token_offsets[t + 1]
+        start = token_offsets[token_ids[t]]
+        end = token_offsets[token_ids[t] + 1]
         length = end - start
         if length < 2 or length > table.max_key_len:
             continue
         if ranks.mode == MERGES and length > _HEAP_ABOVE:
             continue  # merged when it is met (`encode_long_piece`)
-        key, code = _key(token_bytes, start, end)
-        slot = _find(table, key, code, token_bytes, start, length)
+        slot, k0, k1, tag, h = lookup(table, token_bytes, start, end)
         if slot >= 0:
             continue  # the same bytes twice: the first (lowest) id stays
         if ranks.mode == RANKS:
             work[0] = token_ids[t]
-            m = 1
+            m = np.int64(1)
         else:
             for i in range(length):
                 work[i] = ranks.byte_ids[token_bytes[start + i]]
             m = _merge_rounds(work, np.int64(0), length, scratch, ranks)
-        _store(table, key, code, -1 - slot, token_bytes, start, length, work, np.int64(0), m)
+        store(table, -1 - slot, k0, k1, tag, h, token_bytes, start, length, work, np.int64(0), m,
+              table)
 
 
 def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_ids: np.ndarray,
-                      ranks: Ranks) -> Table:
-    """The vocab table of the tokens token_bytes[token_offsets[k]:token_offsets[k + 1]] with
-    ids token_ids[k], in order of preference (see `_fill_vocab_table`)."""
-    lengths = np.diff(token_offsets)
-    longest = int(lengths.max(initial=2))
-    n = int((lengths > 1).sum())
-    table = Table(*new_table(max(n, 1), longest)[:4], max(n, 1) + 1, longest)
-    extra = 2 * int(lengths[lengths > 1].sum()) + 3 * n + 64  # records: at most 2 + 2 * length
-    table = table._replace(records=np.zeros(max(len(table.records), extra), dtype=np.int32))
-    _fill_vocab_table(token_bytes, token_offsets, np.ascontiguousarray(token_ids, np.int32),
-                      ranks, table, np.empty(_HEAP_ABOVE + 1, np.int64),
-                      np.empty(_HEAP_ABOVE, np.int32))
+                      ranks: Ranks, cache_size: int = 0) -> Table:
+    """The vocab table of the tokens with ids `token_ids`, in order of preference (token i is
+    token_bytes[token_offsets[i]:token_offsets[i + 1]]; see `_fill_vocab_table`), with room for
+    the `cache_size` other pre-tokens each thread's copy may learn (`cache_for_thread`)."""
+    token_ids = np.ascontiguousarray(token_ids, dtype=np.int32)
+    lengths = token_offsets[token_ids + 1] - token_offsets[token_ids]
+    longest = max(int(lengths.max(initial=2)), _HEAP_ABOVE)
+    records = int(lengths[lengths > MAX_SHORT].sum()) + 4 * len(token_ids) + 64
+    # Learned pre-tokens: about one in ten needs a record of (at most) 2 + 2 * 64 items.
+    records += cache_size * 16
+    table = new_table(len(token_ids) + 1 + cache_size, longest, records)
+    _fill_vocab_table(token_bytes, token_offsets, token_ids, ranks, table,
+                      np.empty(_HEAP_ABOVE + 1, np.int64), np.empty(_HEAP_ABOVE, np.int32))
+    if cache_size == 0:  # nothing to learn: threads share the table as it is
+        table = table._replace(max_entries=int(table.fill[1]))
     return table
 
 
@@ -828,21 +691,20 @@ def _split_pairs(token_bytes, token_offsets, token_ids, byte_ids, vocab, left, r
     return k
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _token_id(buf, start, end, byte_ids, vocab):
     """The id of token buf[start:end] (from the vocab table in RANKS order), or -1."""
     if end - start == 1:
         return byte_ids[buf[start]]
     if end - start > vocab.max_key_len:
         return -1
-    key, code = _key(buf, start, end)
-    s = _find(vocab, key, code, buf, start, end - start)
+    s, _, _, _, _ = lookup(vocab, buf, start, end)
     if s < 0:
         return -1
-    meta = vocab.slots[2 * s + 1]
-    if meta & _SINGLE:
-        return np.int64(meta >> 5)
-    return np.int64(vocab.records[(meta >> 5) + 1])  # a long token's record: [1, its id, ...]
+    meta = vocab.slots[4 * s + 2]
+    if (meta >> 8) & 3 == 1:
+        return np.int64(meta >> 10)
+    return np.int64(vocab.records[vocab.slots[4 * s + 3] + 1])  # a long token: [1, its id, ...]
 
 
 def build_split_ranks(token_bytes, token_offsets, token_ids, byte_ids, n_vocab: int) -> Ranks:
@@ -866,8 +728,8 @@ def build_split_ranks(token_bytes, token_offsets, token_ids, byte_ids, n_vocab: 
 class ThreadState:
     """What one thread's encoding writes to: its cache and its scratch space."""
 
-    def __init__(self, cache_size: int):
-        self.cache = new_table(cache_size) if cache_size else EMPTY_TABLE
+    def __init__(self, vocab: Table):
+        self.cache = cache_for_thread(vocab)
         self.scratch = new_scratch()
 
 

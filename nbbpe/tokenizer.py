@@ -585,7 +585,7 @@ class Tokenizer:
         if state is None:
             from .encode import ThreadState
 
-            state = self._threads.state = ThreadState(self._cache_size)
+            state = self._threads.state = ThreadState(self._get_engine().vocab_table)
         return state
 
     def __getstate__(self):  # for other processes (e.g. Dask workers): no locks, no caches
@@ -684,7 +684,7 @@ class _Engine(NamedTuple):
                 ranks = encode.build_split_ranks(t._token_bytes, t._token_offsets,
                                                  token_ids[regular], t._byte_ids, t.n_vocab)
             vocab_table = encode.build_vocab_table(t._token_bytes, t._token_offsets,
-                                                   token_ids[regular], ranks)
+                                                   token_ids[regular], ranks, t._cache_size)
         if kernel is None:
             return cls(ranks, vocab_table, specials, None, None)
         return cls(ranks, vocab_table, specials, encode.encoder_for(t._family, mode)[0], kernel)

@@ -20,6 +20,7 @@ class Specials(NamedTuple):
     offsets: np.ndarray  # int64
     ids: np.ndarray  # int32
     first_bytes: np.ndarray  # bool[256]
+    first_byte: int  # the byte every one of them starts with (e.g. "<"), or -1
 
 
 def make_specials(tokens_and_ids) -> Specials:
@@ -31,8 +32,32 @@ def make_specials(tokens_and_ids) -> Specials:
     first = np.zeros(256, dtype=np.bool_)
     for e in encoded:
         first[e[0]] = True
+    shared = {e[0] for e in encoded}
     return Specials(np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets,
-                    np.array([i for _, i in ordered], dtype=np.int32), first)
+                    np.array([i for _, i in ordered], dtype=np.int32), first,
+                    shared.pop() if len(shared) == 1 else -1)
+
+
+_ONES = np.uint64(0x0101010101010101)
+_HIGH = np.uint64(0x8080808080808080)
+_LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _skip_to_byte(buf, i, end, byte):
+    """The first i' >= i such that buf[i'] may be `byte`: skips eight bytes at a time those that
+    hold none (a SWAR zero-byte test, exact: no false negatives)."""
+    pattern = _ONES * np.uint64(byte)
+    while i + 8 <= end:
+        x = (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
+             | np.uint64(buf[i + 2]) << np.uint64(16) | np.uint64(buf[i + 3]) << np.uint64(24)
+             | np.uint64(buf[i + 4]) << np.uint64(32) | np.uint64(buf[i + 5]) << np.uint64(40)
+             | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
+        x ^= pattern  # a zero byte where buf holds `byte`
+        if ~(((x & _LOW7) + _LOW7) | x | _LOW7) != 0:
+            return i
+        i += 8
+    return i
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -44,6 +69,10 @@ def next_special(buf, i, end, specials):
     if n_tokens == 0:
         return end, -1
     while i < end:
+        if specials.first_byte >= 0:
+            i = _skip_to_byte(buf, i, end, specials.first_byte)
+            if i >= end:
+                break
         if specials.first_bytes[buf[i]]:
             for t in range(n_tokens):
                 lo = offsets[t]

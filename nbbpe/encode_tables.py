@@ -1,0 +1,248 @@
+"""Tables of encoded pre-tokens: pre-token bytes -> token ids, for the encoding kernels.
+
+The *vocab table*, built once per tokenizer and shared read-only by every thread, holds every
+token's own bytes with the ids they encode to: the common words (about 85% of the pre-tokens of
+web text are one token). Each thread encodes with its own *cache*, a copy of the vocab table
+with room to remember as many other pre-tokens again (`cache_size`); when that room is full,
+the cache starts again from the vocab table, so memory stays bounded, and the lookup of any
+pre-token is one probe of one table.
+
+A slot is four int64, `[k0, k1, meta, ext]`, so two share a 64-byte cache line:
+
+- a pre-token of 2 to 16 bytes is its own key: k0 and k1 its bytes packed little-endian (zero
+  padded), its length in `meta`'s low byte. A lookup is one multiply and usually one probe, and
+  compares no bytes elsewhere;
+- a longer one is keyed by two hashes of its bytes (k0, k1), with the length byte `LONG`; its
+  bytes are kept in a record and compared on a match (longer pre-tokens are rare);
+- `meta` = length byte | count << 8 | first id << 10, `count` being how many ids are in the
+  slot (1 to 3; the second and third in `ext`, 32 bits each). Count 0: the ids are in a record
+  at `ext` (more than three ids, or a long key): [number of ids, ids..., then for a long key:
+  its length, its bytes one per item].
+
+About 98% of pre-tokens encode to at most three ids, so a hit is one cache line and nothing
+else. `meta` is 0 for an empty slot.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+MAX_SHORT = 16  # pre-tokens up to this many bytes are their own key
+LONG = np.int64(255)  # the length byte of a hashed key
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
+_MIX = np.uint64(0xC2B2AE3D27D4EB4F)
+_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+_LOW32 = np.int64(0xFFFFFFFF)
+
+
+class Table(NamedTuple):
+    """Pre-tokens -> ids (see the module docstring)."""
+
+    slots: np.ndarray  # int64, 4 per slot; the number of slots is a power of two
+    records: np.ndarray  # int32
+    fill: np.ndarray  # int64[3]: items of `records` used, entries, times emptied
+    shift: int  # 64 - log2(number of slots)
+    max_entries: int  # so probes stay short: at most 3/4 of the slots
+    max_key_len: int  # longer pre-tokens are never stored
+    learns: bool  # a thread's cache; the shared vocab table is never written after it is built
+
+
+def new_table(max_entries: int, max_key_len: int, record_items: int) -> Table:
+    """An empty table for up to `max_entries` pre-tokens of at most `max_key_len` bytes, whose
+    records (multi-id and long entries) hold `record_items` items."""
+    max_entries = min(max(1, int(max_entries)), 1 << 28)
+    bits = max(4, int(4 * max_entries // 3).bit_length())
+    return Table(np.zeros(4 << bits, dtype=np.int64),
+                 np.zeros(max(record_items, 4 + 2 * max_key_len), dtype=np.int32),
+                 np.zeros(3, dtype=np.int64), 64 - bits, max_entries, int(max_key_len), False)
+
+
+def cache_for_thread(vocab: Table) -> Table:
+    """A thread's cache: a private copy of the vocab table that learns (see the docstring)."""
+    if vocab.max_entries <= vocab.fill[1]:  # no room to learn (cache_size 0): share it
+        return vocab
+    return Table(vocab.slots.copy(), vocab.records.copy(), vocab.fill.copy(), vocab.shift,
+                 vocab.max_entries, vocab.max_key_len, True)
+
+
+@njit(inline="always")
+def load8(buf, i):
+    """Bytes buf[i:i + 8] as a little-endian uint64 (one load: LLVM merges the byte loads)."""
+    return (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
+            | np.uint64(buf[i + 2]) << np.uint64(16) | np.uint64(buf[i + 3]) << np.uint64(24)
+            | np.uint64(buf[i + 4]) << np.uint64(32) | np.uint64(buf[i + 5]) << np.uint64(40)
+            | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
+
+
+@njit(inline="always")
+def _load_upto8(buf, i, end):
+    """Bytes buf[i:min(end, i + 8)] as a little-endian uint64, zero padded."""
+    if i + 8 <= buf.shape[0]:
+        word = load8(buf, i)
+        if end - i < 8:
+            word &= _ALL_ONES >> np.uint64(64 - 8 * (end - i))
+        return word
+    word = np.uint64(0)
+    for m in range(min(end, i + 8) - 1, i - 1, -1):
+        word = (word << np.uint64(8)) | np.uint64(buf[m])
+    return word
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def key_of(buf, start, end):
+    """(k0, k1, length byte, hash) of pre-token buf[start:end], of two or more bytes."""
+    length = end - start
+    if length <= MAX_SHORT:
+        k0 = _load_upto8(buf, start, end)
+        k1 = np.uint64(0)
+        if length > 8:
+            k1 = _load_upto8(buf, start + 8, end)
+        h = ((k0 ^ (k1 * _MIX)) + np.uint64(length)) * _GOLDEN
+        return np.int64(k0), np.int64(k1), np.int64(length), h
+    h0 = np.uint64(length)
+    h1 = _MIX
+    i = start
+    while i < end:
+        word = _load_upto8(buf, i, end)
+        h0 = (h0 ^ word) * _GOLDEN
+        h0 ^= h0 >> np.uint64(29)
+        h1 = (h1 + word) * _MIX
+        h1 ^= h1 >> np.uint64(31)
+        i += 8
+    return np.int64(h0), np.int64(h1), LONG, (h0 ^ h1) * _GOLDEN
+
+
+@intrinsic
+def prefetch(typingctx, array, index):
+    """Ask the CPU to bring the cache line of array[index] in: a hint, which neither faults nor
+    waits, so the next reads of the line find it close (LLVM's `llvm.prefetch`)."""
+
+    def codegen(context, builder, signature, args):
+        arraytype = signature.args[0]
+        data = context.make_array(arraytype)(context, builder, args[0])
+        address = cgutils.get_item_pointer(context, builder, arraytype, data, [args[1]])
+        byte_pointer = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        hint = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]),
+            "llvm.prefetch.p0")
+        # a read, kept in all cache levels, of data
+        builder.call(hint, [builder.bitcast(address, byte_pointer), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.void(array, types.intp), codegen
+
+
+@njit(inline="always")
+def home(table, h):
+    """The slot where the search for a key of hash `h` starts."""
+    return np.int64(h >> np.uint64(table.shift))
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def find(table, s, k0, k1, tag, buf, start, length):
+    """The slot of `table` holding pre-token buf[start:start + length] (its key from `key_of`;
+    the search starts at slot s, `home` of its hash), or -1 - the empty slot where it would go."""
+    slots = table.slots
+    mask = (slots.shape[0] >> 2) - 1
+    while True:
+        meta = slots[4 * s + 2]
+        if meta == 0:
+            return -1 - s
+        if slots[4 * s] == k0 and slots[4 * s + 1] == k1 and (meta & 255) == tag:
+            if tag != LONG or _same_bytes(table, slots[4 * s + 3], buf, start, length):
+                return s
+        s = (s + 1) & mask
+
+
+@njit(inline="always")
+def _same_bytes(table, r, buf, start, length):
+    """Whether the long key stored in record r holds buf[start:start + length]."""
+    records = table.records
+    at = r + 1 + records[r]  # the length, then the bytes
+    if records[at] != length:
+        return False
+    for m in range(length):
+        if records[at + 1 + m] != buf[start + m]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def copy_ids(table, s, out, w):
+    """Write the ids stored at slot s to out[w:]; return how many."""
+    meta = table.slots[4 * s + 2]
+    ext = table.slots[4 * s + 3]
+    count = (meta >> 8) & 3
+    if count == 0:
+        records = table.records
+        m = records[ext]
+        for i in range(m):
+            out[w + i] = records[ext + 1 + i]
+        return m
+    out[w] = np.int32(meta >> 10)
+    if count > 1:
+        out[w + 1] = np.int32(ext & _LOW32)
+        if count > 2:
+            out[w + 2] = np.int32(ext >> 32)
+    return count
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def store(table, s, k0, k1, tag, h, buf, start, length, ids, w, m, seed):
+    """Store pre-token buf[start:start + length] -> ids[w:w + m] at slot s (where `find` said
+    it would go). A learning cache that is full starts again from `seed` (the vocab table it
+    was copied from) first. Returns whether it did."""
+    slots = table.slots
+    records = table.records
+    fill = table.fill
+    inline = tag != LONG and m <= 3
+    need = 0 if inline else 1 + m + (length + 1 if tag == LONG else 0)
+    restarted = fill[1] >= table.max_entries or fill[0] + need > records.shape[0]
+    if restarted:  # full: back to the vocab table alone (bounded memory)
+        for i in range(slots.shape[0]):
+            slots[i] = seed.slots[i]
+        for i in range(seed.fill[0]):
+            records[i] = seed.records[i]
+        times = fill[2]
+        fill[0] = seed.fill[0]
+        fill[1] = seed.fill[1]
+        fill[2] = times + 1
+        s = -1 - find(table, home(table, h), k0, k1, tag, buf, start, length)
+    slots[4 * s] = k0
+    slots[4 * s + 1] = k1
+    if inline:
+        ext = np.int64(0)
+        if m > 1:
+            ext = np.int64(ids[w + 1])
+            if m > 2:
+                ext |= np.int64(ids[w + 2]) << 32
+        slots[4 * s + 3] = ext
+        slots[4 * s + 2] = tag | (m << 8) | (np.int64(ids[w]) << 10)
+    else:
+        r = fill[0]
+        records[r] = m
+        for i in range(m):
+            records[r + 1 + i] = ids[w + i]
+        if tag == LONG:
+            records[r + 1 + m] = length
+            for i in range(length):
+                records[r + 2 + m + i] = buf[start + i]
+        slots[4 * s + 3] = r
+        slots[4 * s + 2] = tag
+        fill[0] = r + need
+    fill[1] += 1
+    return restarted
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def lookup(table, buf, start, end):
+    """(slot or -1 - empty slot, k0, k1, length byte, hash) of pre-token buf[start:end]."""
+    k0, k1, tag, h = key_of(buf, start, end)
+    return find(table, home(table, h), k0, k1, tag, buf, start, end - start), k0, k1, tag, h
