@@ -216,8 +216,11 @@ class Tokenizer:
     def from_files(cls, vocab_path, merges_path, special_tokens: Iterable[str] | None = None,
                    **options) -> Tokenizer:
         """Load GPT-2 style `vocab.json` + `merges.txt`, or the pickled vocab and merges."""
-        vocab, merges = load_vocab_and_merges(vocab_path, merges_path)
-        return cls(vocab, merges, special_tokens, **options)
+        vocab, merges = load_vocab_and_merges(vocab_path, merges_path)  # checked as read
+        tokenizer = cls.__new__(cls)
+        tokenizer._setup(vocab, merges, validate_special_tokens(special_tokens), None,
+                         **_options(options))
+        return tokenizer
 
     @classmethod
     def from_tiktoken_file(cls, path, pattern: str,
@@ -722,10 +725,13 @@ def _piece_arrays(pieces: list[str], slots, ids):
 def _merge_ids(merges: Merges, ids: dict[bytes, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(left, right, merged) int32 ids of every merge, checked: its tokens are in the vocab and
     no merge is listed twice."""
+    lefts, rights = zip(*merges) if merges else ((), ())
+    get = ids.__getitem__  # map() of C functions: no Python frame per merge
     try:
-        left = np.fromiter((ids[a] for a, _ in merges), dtype=np.int32, count=len(merges))
-        right = np.fromiter((ids[b] for _, b in merges), dtype=np.int32, count=len(merges))
-        merged = np.fromiter((ids[a + b] for a, b in merges), dtype=np.int32, count=len(merges))
+        left = np.fromiter(map(get, lefts), dtype=np.int32, count=len(merges))
+        right = np.fromiter(map(get, rights), dtype=np.int32, count=len(merges))
+        merged = np.fromiter(map(get, map(bytes.__add__, lefts, rights)), dtype=np.int32,
+                             count=len(merges))
     except KeyError:
         for r, (a, b) in enumerate(merges):
             for side in (a, b):
