@@ -80,7 +80,7 @@ def load8(buf, i):
             | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True, _nrt=False)
 def _load_upto8(buf, i, end):
     """Bytes buf[i:min(end, i + 8)] as a little-endian uint64, zero padded."""
     if i + 8 <= buf.shape[0]:

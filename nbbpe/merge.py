@@ -156,13 +156,6 @@ def _ranks_above(count_x, lkey_x, rkey_x, px, count_y, lkey_y, rkey_y, py,
 
 
 @njit(cache=True)
-def _row_above(heap, i, j, pair_left, pair_right, arena, start, length):
-    return _ranks_above(heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3],
-                        heap[j, 0], heap[j, 1], heap[j, 2], heap[j, 3],
-                        pair_left, pair_right, arena, start, length)
-
-
-@njit(cache=True)
 def _heap_push(heap, size, p, count, pair_left, pair_right, tok_key, arena, start, length):
     """Add pair p with `count`; return the new size. Row `size` must exist."""
     lkey = tok_key[pair_left[p]]
@@ -194,8 +187,10 @@ def _heap_pop(heap, size, pair_left, pair_right, arena, start, length):
         child = 2 * i + 1
         if child >= size:
             break
-        if child + 1 < size and _row_above(heap, child + 1, child,
-                                           pair_left, pair_right, arena, start, length):
+        if child + 1 < size and _ranks_above(
+                heap[child + 1, 0], heap[child + 1, 1], heap[child + 1, 2], heap[child + 1, 3],
+                heap[child, 0], heap[child, 1], heap[child, 2], heap[child, 3],
+                pair_left, pair_right, arena, start, length):
             child += 1
         if not _ranks_above(heap[child, 0], heap[child, 1], heap[child, 2], heap[child, 3],
                             count, lkey, rkey, p, pair_left, pair_right, arena, start, length):
