@@ -355,8 +355,7 @@ class Tokenizer:
         if len(groups) == 1:
             parts = [self._encode_group(texts)]
         else:
-            with ThreadPoolExecutor(len(groups), thread_name_prefix="nbbpe-encode") as pool:
-                parts = list(pool.map(self._encode_group, groups))
+            parts = list(_thread_pool(len(groups)).map(self._encode_group, groups))
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
         k = 0
         total = 0
@@ -793,6 +792,22 @@ def _thread_count(num_threads: int | None, texts: list[str]) -> int:
         raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
     size = sum(map(len, texts))
     return max(1, min(num_threads, len(texts), size // _SMALL_BATCH_BYTES + 1))
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _thread_pool(threads: int) -> ThreadPoolExecutor:
+    """Worker threads for batches, kept for the process: a thread's cache of encoded pre-tokens
+    (one per tokenizer) lives as long as the thread, so batch after batch finds it warm."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < threads:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(threads, thread_name_prefix="nbbpe-encode")
+        return _pool
 
 
 def _split_evenly(texts: list[str], parts: int) -> list[list[str]]:

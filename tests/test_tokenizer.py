@@ -475,3 +475,56 @@ def test_compiled_pretokenizer_only_for_the_built_in_patterns(gpt2_files):
         Tokenizer(*gpt2_files, pattern=r"\w+|\s+", pretokenizer="compiled")
     with pytest.raises(ValueError, match="pretokenizer must be"):
         Tokenizer(*gpt2_files, pretokenizer="fastest")
+
+
+# --- batches and threads ------------------------------------------------------------------
+
+
+@settings(max_examples=40)
+@given(st.lists(texts, max_size=12), st.integers(1, 4))
+def test_encode_batch_equals_encode_of_each_text(gpt2, batch, threads):
+    want = [gpt2.encode(text) for text in batch]
+    assert gpt2.encode_batch(batch, num_threads=threads) == want
+    ids, offsets = gpt2.encode_batch_to_numpy(batch, num_threads=threads)
+    assert ids.dtype == np.uint16 and offsets.dtype == np.int64 and len(offsets) == len(batch) + 1
+    assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
+    assert gpt2.decode_batch(want) == [gpt2.decode(ids) for ids in want]
+
+
+def test_large_batches_on_threads_equal_encode(gpt2):
+    documents = read("web_sample.txt").split(EOT) * 6 + read("multi_sample.txt").split("\n")
+    want = [gpt2.encode(d) for d in documents]
+    for threads in (1, 2, 3):
+        assert gpt2.encode_batch(documents, num_threads=threads) == want
+    assert gpt2.decode_batch(want) == documents  # byte-level BPE is lossless on valid text
+
+
+def test_one_tokenizer_shared_by_many_threads(gpt2_files):
+    from concurrent.futures import ThreadPoolExecutor
+
+    shared = Tokenizer(*gpt2_files, [EOT], cache_size=50)  # small caches: restarted often
+    texts = [read(name) for name in FIXTURE_TEXTS] * 3
+    want = [Tokenizer(*gpt2_files, [EOT]).encode(t) for t in texts]
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(shared.encode, texts))
+    assert got == want
+
+
+def test_encode_batch_rejects_a_single_string(gpt2):
+    with pytest.raises(TypeError, match="not a single str"):
+        gpt2.encode_batch("text")
+    with pytest.raises(TypeError, match="text 1"):
+        gpt2.encode_batch(["ok", b"bytes"])
+    with pytest.raises(ValueError, match="num_threads"):
+        gpt2.encode_batch(["ok"], num_threads=0)
+
+
+def test_a_vocab_with_gaps_in_its_ids(gpt2_files):
+    vocab, merges = gpt2_files
+    # the same tokens, with every id above 300 moved up by 1000
+    moved = {(i if i <= 300 else i + 1000): token for i, token in vocab.items()}
+    tok = Tokenizer(moved, merges, [EOT])
+    text = read("web_sample.txt")
+    ids = Tokenizer(vocab, merges, [EOT]).encode(text)
+    assert tok.encode(text) == [i if i <= 300 else i + 1000 for i in ids]
+    assert tok.decode(tok.encode(text)) == text
