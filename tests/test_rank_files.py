@@ -220,3 +220,16 @@ def test_the_two_orders_differ_where_they_must(tmp_path, length):
 
 
 GPT2_LIKE = TIKTOKEN_GPT2_PATTERN  # letters in one pre-token: the compiled scanner's kernels
+
+
+def test_a_rank_file_with_gaps_in_its_ranks(tmp_path):
+    ranks = {bytes([i]): i for i in range(256)}
+    for k, token in enumerate([b"ab", b"abc", b" t", b" th", b"he", b" the", b"abcab"]):
+        ranks[token] = 1000 + 7 * k  # far apart: ids are ranks, and positions are not ids
+    path = tmp_path / "gaps.tiktoken"
+    Tokenizer({r: t for t, r in ranks.items()}, []).save_tiktoken_ranks(path)
+    tok = Tokenizer.from_tiktoken_file(path, r"\S+|\s+")
+    text = "abcabc the abcab thethe  ab"
+    want = [i for piece in regex.findall(r"\S+|\s+", text) for i in tiktoken_bpe(piece.encode(), ranks)]
+    assert tok.encode(text) == want
+    assert tok.decode(want) == text
