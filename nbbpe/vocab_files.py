@@ -23,6 +23,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from .patterns import GPT2_PATTERN, scanner_family
+
 Vocab = dict[int, bytes]
 Merges = list[tuple[bytes, bytes]]
 
@@ -353,20 +355,26 @@ def hf_tokenizer_json(vocab: Vocab, merges: Merges, special_tokens: Sequence[str
                       "rstrip": False, "normalized": False, "special": True})
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
                   "use_regex": False}
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": sorted(added, key=lambda t: t["id"]),
-        "normalizer": None,
-        "pre_tokenizer": {
+    if scanner_family(pattern) == "gpt2":
+        # Hugging Face's own GPT-2 split (the same pre-tokens): the form other tools know best,
+        # and run fastest (fastokens takes it at about 3.5x the speed of the Split form).
+        pre_tokenizer = dict(byte_level, use_regex=True)
+    else:
+        pre_tokenizer = {
             "type": "Sequence",
             "pretokenizers": [
                 {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
                  "invert": False},
                 byte_level,
             ],
-        },
+        }
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": sorted(added, key=lambda t: t["id"]),
+        "normalizer": None,
+        "pre_tokenizer": pre_tokenizer,
         "post_processor": None,
         "decoder": dict(byte_level),
         "model": {
@@ -423,6 +431,8 @@ def load_hf_tokenizer_json(path: str | os.PathLike) -> tuple[Vocab, Merges, list
     for step in pre.get("pretokenizers", [pre]):
         if step.get("type") == "Split" and "Regex" in step.get("pattern", {}):
             pattern = step["pattern"]["Regex"]
+        elif step.get("type") == "ByteLevel" and step.get("use_regex", True) and pattern is None:
+            pattern = GPT2_PATTERN  # Hugging Face's built-in split is GPT-2's
     return dict(sorted(vocab.items())), merges, specials, pattern
 
 
