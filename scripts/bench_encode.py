@@ -22,8 +22,8 @@ What is measured (the tools and their exact calls are in scripts/bench_peers.py)
   (the whole corpus when it is smaller); checking the ids between batches is not timed;
 - 1 thread: each document in turn with the tool's one-text call, the process pinned to one CPU
   (RAYON_NUM_THREADS=1, TOKENIZERS_PARALLELISM=false, NUMBA_NUM_THREADS=1);
-- N threads: each batch through the tool's own batch API on N threads, pinned to N CPUs (nbbpe
-  without a batch API yet: a ThreadPoolExecutor over its one-text call, labelled so);
+- N threads: each batch through the tool's own batch API on N threads, pinned to N CPUs (nbbpe:
+  `encode_batch_to_numpy`, or `encode_batch` for nbbpe_list);
 - every (tool, threads) measurement runs in its own fresh process: the tool is built, warmed up
   on a tiny unrelated string and then encodes the corpus with cold caches (nbbpe loads, or
   compiles, its Numba kernels partly when built and partly in the warm-up call: both are timed

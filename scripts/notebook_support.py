@@ -74,7 +74,8 @@ def machine_summary() -> dict:
     except (OSError, StopIteration):
         pass
     versions = {}
-    for package in ("nbbpe", "numba", "numpy", "regex", "tiktoken", "tokenizers", "rustbpe", "gigatoken"):
+    for package in ("nbbpe", "numba", "numpy", "regex", "tiktoken", "tokenizers", "rustbpe", "gigatoken", "fastokens",
+                    "bpe-openai", "quicktok-v1"):
         try:
             from importlib.metadata import version
 

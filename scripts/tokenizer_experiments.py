@@ -5,7 +5,7 @@
 
 (a) compression ratio (bytes/token) of each tokenizer on `--docs` documents sampled from its own
     dataset; (b) the TinyStories tokenizer on the OpenWebText documents (and the reverse);
-(c) throughput of `Tokenizer.encode` in one process (bytes/s) on `--throughput-mb` of each
+(c) throughput of `Tokenizer.encode` on one thread (bytes/s) on `--throughput-mb` of each
     dataset, and the time that implies for the Pile (825 GB), also at the parallel rate that
     `encode_file` reached in (d); (d) the train and valid files of each dataset encoded with its
     own tokenizer into flat uint16 token files (`np.memmap(path, dtype=np.uint16)`).
@@ -79,7 +79,7 @@ def compression(tokenizer: Tokenizer, docs: list[tuple[int, str]]) -> dict:
 
 
 def throughput(tokenizer: Tokenizer, path: str, max_bytes: int) -> dict:
-    """Encode up to `max_bytes` of the file (cut after a whole document) in this process."""
+    """Encode up to `max_bytes` of the file (cut after a whole document) on this thread."""
     with open(path, "rb") as f:
         data = f.read(max_bytes)
     cut = data.rfind(EOT.encode())
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=int, default=10, help="documents sampled per dataset")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--throughput-mb", type=float, default=16.0,
-                        help="MB of each dataset encoded in one process for (c)")
-    parser.add_argument("--workers", type=int, default=None, help="processes for (d) (default: one per CPU)")
+                        help="MB of each dataset encoded on one thread for (c)")
+    parser.add_argument("--workers", type=int, default=None, help="threads for (d) (default: one per CPU)")
     parser.add_argument("--skip-encode", action="store_true", help="leave out (d)")
     parser.add_argument("--out", default=os.path.join("out", "tokens"), help="directory for (d) and the report")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {tok_name:>11} tokenizer on {doc_name:>11} docs: {result['bytes_per_token']:.2f} "
                   f"({result['bytes']:,} bytes, {result['tokens']:,} tokens, {result['documents']} docs)")
 
-    print("\n(c) throughput of Tokenizer.encode, one process, and the time for the Pile (825 GB)")
+    print("\n(c) throughput of Tokenizer.encode, one thread, and the time for the Pile (825 GB)")
     for name, d in datasets.items():
         if d["tokenizer"] is None or not os.path.exists(d["train"]):
             continue

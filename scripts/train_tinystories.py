@@ -4,7 +4,7 @@
     python scripts/train_tinystories.py               # -> out/tinystories_10k/
 
 Reports the wall time (with the pre-tokenization / merge split, i.e. where the time goes), the
-peak memory (psutil, summed over the worker processes) and the longest token; saves the tokenizer
+peak memory (psutil, PSS summed over the process tree) and the longest token; saves the tokenizer
 (`Tokenizer.load(out)` reads it back; `nbbpe encode --tokenizer out/...` uses it) and the report
 as `train_report.json` beside it. `--corpus` trains on any other file, e.g. the small sample
 shipped in the package (`--corpus sample`) where the dataset is not downloaded.
@@ -33,7 +33,7 @@ def run(argv: list[str] | None, *, dataset: str, corpus: str, vocab_size: int, o
     parser.add_argument("--vocab-size", type=int, default=vocab_size)
     parser.add_argument("--special-token", action="append", help=f"default: {EOT}")
     parser.add_argument("--out", default=out, help="tokenizer directory (default: %(default)s)")
-    parser.add_argument("--workers", type=int, default=None, help="processes (default: one per CPU)")
+    parser.add_argument("--workers", type=int, default=None, help="threads (default: one per CPU)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     path = sample_corpus_path() if args.corpus == "sample" else args.corpus

@@ -40,7 +40,7 @@ def figures(outputs):
 
 def test_benchmarks_notebook_runs_and_measures_every_installed_tool(tmp_path):
     results, outputs = execute("benchmarks", tmp_path)
-    assert figures(outputs) == 3  # training, encoding, nbbpe's phases
+    assert figures(outputs) == 4  # training, training per pattern, encoding, nbbpe's phases
     assert results["python"] == sys.executable  # the kernel saw this interpreter's packages
     assert results["data"] == "small samples shipped in this repository"
     assert results["corpus_en_equals_reference"] == {"nbbpe": True, "python": True}
@@ -63,10 +63,19 @@ def test_benchmarks_notebook_runs_and_measures_every_installed_tool(tmp_path):
     assert all(set(r["phases"]) >= {"pretokenize", "intern", "merge", "total"} for r in nbbpe_rows)
     assert len(results["nbbpe_seconds"]) == len(sizes)
 
-    encoding = results["encoding"]
+    by_pattern = results["train_patterns"]
+    assert [r for r in by_pattern["rows"] if "error" in r] == []
+    assert {(r["tool"], r["pattern"]) for r in by_pattern["rows"]} == {
+        (tool, pattern) for tool in by_pattern["tools"] for pattern in bench_train.PATTERNS}
+    assert set(by_pattern["nbbpe_ratio_to_gpt2"]) == {"cl100k", "o200k"}
+    assert all(ratio > 0 for ratio in by_pattern["nbbpe_ratio_to_gpt2"].values())
+
+    encoding = results["encoding"]  # GPT-2's; the tiny scale measures no other
+    assert encoding["encoding"] == "gpt2" and set(results["encodings"]) == {"gpt2"}
     encoded = set(encoding["single"])
     assert encoded | set(results["encode_tools_missing"]) == set(bench_encode.TOOLS)
     assert {"nbbpe", "nbbpe_regex", "tiktoken", "hf"} <= encoded
+    assert set(encoding["pool"]) == encoded and encoding["documents"] > 0
     for way in ("single", "pool"):
         assert all(r["ids_equal"] and r["mb_s"] > 0 for r in encoding[way].values())
 
@@ -105,11 +114,14 @@ def test_tokenizer_experiments_notebook_answers_the_questions(tmp_path):
         assert token_file["file_bytes"] == 2 * token_file["tokens"]
 
 
+FIGURES = {"benchmarks.ipynb": 4, "tokenizer_experiments.ipynb": 3}
+
+
 def test_committed_notebooks_carry_their_outputs():
     """The notebooks in the repository are committed executed (plots included), without errors."""
     for name in notebook_support.NOTEBOOKS:
         notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
         outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
         assert [o for o in outputs if o.output_type == "error"] == [], name
-        assert figures(outputs) == 3, name
+        assert figures(outputs) == FIGURES[name], name
         assert all(cell.execution_count for cell in notebook.cells if cell.cell_type == "code"), name

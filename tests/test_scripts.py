@@ -178,3 +178,87 @@ def test_fetch_data_failures_name_the_url_and_leave_no_file(server, tmp_path, ca
     with pytest.raises(SystemExit):
         fetch.main(["wikipedia", "--dest", str(dest)])
     assert "unknown dataset 'wikipedia'" in capsys.readouterr().err
+
+
+# --- benchmarks (tiny runs: they must keep working with the package's API) --------------------
+
+
+def test_bench_pretok_runs_every_family_and_checks_itself(tmp_path, capsys):
+    text = (FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:20_000]
+    corpus = tmp_path / "small.txt"
+    corpus.write_text(text + f"\n{EOT}\n" + (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:10_000],
+                      encoding="utf-8")
+    out = tmp_path / "pretok.json"
+    load_script("bench_pretok").main([str(corpus), "--repeat", "1", "--no-compile-time", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert printed.count("equal to the 1-thread count") == 3 and "DIFFER" not in printed and "NOT EQUAL" not in printed
+    numbers = json.loads(out.read_text())["files"][str(corpus)]
+    assert set(numbers) == {"gpt2", "cl100k", "o200k"}
+    for methods in numbers.values():
+        assert len(methods) == 5
+        assert all(row["mb_s"] > 0 for by_threads in methods.values() for row in by_threads.values())
+
+
+def test_bench_train_measures_nbbpe_per_pattern(tmp_path, capsys):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text((FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:30_000], encoding="utf-8")
+    out = tmp_path / "train.json"
+    bench_train = load_script("bench_train")
+    assert bench_train.main([str(corpus), "--vocab-size", "300", "--tools", "nbbpe", "--pattern", "gpt2", "cl100k",
+                             "--repeat", "1", "--json", str(out)]) == 0
+    assert "nbbpe training time, cl100k / gpt2: " in capsys.readouterr().out
+    result = json.loads(out.read_text())[str(corpus)]
+    rows = {r["pattern"]: r for r in result["rows"]}
+    assert set(rows) == {"gpt2", "cl100k"} and all("error" not in r for r in rows.values())
+    assert all(r["vocab"] == 300 and r["process_s"] >= r["train_s"] > 0 and r["numba_s"] > 0 for r in rows.values())
+    ratio, per_round = result["pattern_ratios"]["cl100k"]
+    assert ratio == per_round[0] == rows["cl100k"]["train_s"] / rows["gpt2"]["train_s"]
+
+
+@pytest.mark.parametrize("pattern", ["gpt2", "cl100k", "o200k"])
+def test_bench_train_gives_hugging_face_the_same_pre_tokens(pattern):
+    import regex
+
+    bench_train = load_script("bench_train")
+    text = (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:20_000] + " 1234567 it's IT'S\n\n  x"
+    spans = [offsets for _, offsets in bench_train.hf_pre_tokenizer(pattern).pre_tokenize_str(text)]
+    assert spans == [m.span() for m in regex.finditer(bench_train.pattern_string(pattern), text)]
+
+
+def test_bench_encode_file_compares_token_files_in_chunks(tmp_path, gpt2, monkeypatch):
+    """nbbpe's token file (separators as ids) against a gigatoken-like output (ids of each non-empty
+    document end to end, and document offsets): equal, a changed id, a moved boundary."""
+    from nbbpe import encode_file
+
+    bench = load_script("bench_encode_file")
+    monkeypatch.setattr(bench, "CHUNK", 1000)  # several chunks
+    docs = ["Hello world.\n", "", "\nSecond document, it's here: 12345.\n", "\n" + "more text " * 300, "\nend"]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(EOT.join(docs), encoding="utf-8")
+    ours = tmp_path / "nbbpe.bin"
+    encode_file(gpt2, str(corpus), str(ours), num_workers=1, progress=False)
+
+    def write_theirs(pieces):
+        ids = [gpt2.encode(d) for d in pieces if d]
+        np.array([i for doc in ids for i in doc], dtype=np.uint32).tofile(tmp_path / "giga.bin")
+        np.cumsum([0] + [len(doc) for doc in ids], dtype=np.int64).tofile(tmp_path / "giga.bin.offsets")
+        return str(tmp_path / "giga.bin")
+
+    assert bench.compare_ids(str(ours), write_theirs(docs), 50256) == "equal"
+    assert bench.compare_ids(str(ours), write_theirs(docs[:-1] + ["\nEnd"]), 50256).startswith("DIFFER: nbbpe's id")
+    moved = [docs[0] + docs[2], docs[3], docs[4]]  # the same ids, one boundary fewer
+    assert bench.compare_ids(str(ours), write_theirs(moved), 50256).startswith("DIFFER at the document boundaries")
+
+
+def test_bench_encode_file_against_gigatoken(tmp_path, capsys):
+    pytest.importorskip("gigatoken")
+    corpus = tmp_path / "small.txt"
+    corpus.write_text((FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:50_000], encoding="utf-8")
+    out = tmp_path / "result.json"
+    assert load_script("bench_encode_file").main([str(corpus), "--workers", "2", "--repeat", "1", "--out",
+                                                  str(tmp_path / "out"), "--json", str(out)]) == 0
+    assert "nbbpe / gigatoken, 2 workers: " in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["ids"] == {"2": "equal"} and {r["tool"] for r in result["rows"]} == {"nbbpe", "gigatoken"}
+    assert all(r["mb_s"] > 0 and r["peak_pss"] > 0 for r in result["rows"])
+    assert sorted(os.listdir(tmp_path / "out")) == []  # the token files are removed without --keep
