@@ -43,10 +43,11 @@ from numba import njit
 from .encode_tables import (
     MAX_SHORT,
     Table,
-    cache_for_thread,
+    ThreadCache,
     copy_ids,
     find,
     home,
+    is_full,
     key_of,
     load8,
     lookup,
@@ -354,7 +355,7 @@ def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, voc
         out[w + i] = ranks.byte_ids[buf[start + i]]
     m = merge(out, w, length, pairs, ranks)
     if cache.learns:
-        store(cache, -1 - slot, k0, k1, tag, h, buf, start, length, out, w, m, vocab)
+        store(cache, -1 - slot, k0, k1, tag, buf, start, length, out, w, m)
     return m
 
 
@@ -420,9 +421,10 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
 
     Each document is a text of its own; special tokens are cut out of it (longest first) and
     become their ids; after each document comes `separator` unless it is negative. Stops early,
-    at the start of a pre-token, when `out` might not hold its ids, or when it is longer than
-    `_HEAP_ABOVE` bytes (then `need` is its length, else 0: encode it with `encode_long_piece`
-    and call again after it).
+    at the start of a pre-token, when `out` might not hold its ids, when it is longer than
+    `_HEAP_ABOVE` bytes (then `need` is its length: encode it with `encode_long_piece` and call
+    again after it), or when the cache is full (`need` -1: `ThreadCache.make_room`, then call
+    again); else `need` is 0.
     `doc_out_ends[d]` receives out_base + the number of ids written up to the end of document d.
     """
     cap = out.shape[0]
@@ -467,6 +469,8 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                             k0, k1, tag, h = key_of(buf, i, j)
                         w += _encode_one(encode_new, buf, i, j, k0, k1, tag, h, out, w, ranks,
                                          vocab, cache, pairs)
+                        if is_full(cache):  # it learns no more: let it grow, then go on
+                            return w, doc, j, -1
                     i = j
             if which >= 0:
                 if w + 1 > cap:
@@ -555,12 +559,12 @@ def warm_up(family: str, mode: int) -> None:
     ranks = build_ranks(np.array([97]), np.array([98]), np.array([0]), np.array([256]), byte_ids,
                         mode)
     vocab = build_vocab_table(np.frombuffer(b"ab", np.uint8), np.array([0, 2]), np.array([0]),
-                              ranks, 16)
+                              ranks)
     table, kernel = encoder_for(family, mode)
     buf = np.frombuffer(b"ab ab<|x|>", dtype=np.uint8)
     out = np.empty(len(buf) + 2, dtype=np.int32)
     kernel(buf, table, np.array([len(buf)], dtype=np.int64), -1, make_specials([("<|x|>", 257)]),
-           ranks, vocab, cache_for_thread(vocab), new_scratch(), out,
+           ranks, vocab, ThreadCache(vocab, 16).table, new_scratch(), out,
            np.empty(1, dtype=np.int64), 0, 0, 0)
 
 
@@ -578,7 +582,8 @@ def _encode_pieces(encode_new, buf, offsets, special_slots, special_ids, ranks, 
     """The ids of pre-tokens found elsewhere (by `regex`), from piece k on: piece k is
     buf[offsets[k]:offsets[k + 1]], and the pieces listed in `special_slots` are special tokens
     with ids `special_ids`. `out` holds one id per byte. Returns (ids written, next piece,
-    need): it stops before a piece longer than `_HEAP_ABOVE` bytes (`need`, its length)."""
+    need): it stops before a piece longer than `_HEAP_ABOVE` bytes (`need`, its length) and
+    after one that filled the cache (`need` -1)."""
     pairs = scratch[5 * WINDOW :]
     w = np.int64(0)
     next_slot = np.searchsorted(special_slots, k)
@@ -597,6 +602,8 @@ def _encode_pieces(encode_new, buf, offsets, special_slots, special_ids, ranks, 
             k0, k1, tag, h = key_of(buf, offsets[k], offsets[k + 1])
             w += _encode_one(encode_new, buf, offsets[k], offsets[k + 1], k0, k1, tag, h, out, w,
                              ranks, vocab, cache, pairs)
+            if is_full(cache):
+                return w, k + 1, -1
         k += 1
     return w, k, 0
 
@@ -647,26 +654,20 @@ def _fill_vocab_table(token_bytes, token_offsets, token_ids, ranks, table, scrat
             for i in range(length):
                 work[i] = ranks.byte_ids[token_bytes[start + i]]
             m = _merge_rounds(work, np.int64(0), length, scratch, ranks)
-        store(table, -1 - slot, k0, k1, tag, h, token_bytes, start, length, work, np.int64(0), m,
-              table)
+        store(table, -1 - slot, k0, k1, tag, token_bytes, start, length, work, np.int64(0), m)
 
 
 def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_ids: np.ndarray,
-                      ranks: Ranks, cache_size: int = 0) -> Table:
+                      ranks: Ranks) -> Table:
     """The vocab table of the tokens with ids `token_ids`, in order of preference (token i is
-    token_bytes[token_offsets[i]:token_offsets[i + 1]]; see `_fill_vocab_table`), with room for
-    the `cache_size` other pre-tokens each thread's copy may learn (`cache_for_thread`)."""
+    token_bytes[token_offsets[i]:token_offsets[i + 1]]; see `_fill_vocab_table`)."""
     token_ids = np.ascontiguousarray(token_ids, dtype=np.int32)
     lengths = token_offsets[token_ids + 1] - token_offsets[token_ids]
     longest = max(int(lengths.max(initial=2)), _HEAP_ABOVE)
     records = int(lengths[lengths > MAX_SHORT].sum()) + 4 * len(token_ids) + 64
-    # Learned pre-tokens: about one in ten needs a record of (at most) 2 + 2 * 64 items.
-    records += cache_size * 16
-    table = new_table(len(token_ids) + 1 + cache_size, longest, records)
+    table = new_table(len(token_ids) + 1, longest, records)
     _fill_vocab_table(token_bytes, token_offsets, token_ids, ranks, table,
                       np.empty(_HEAP_ABOVE + 1, np.int64), np.empty(_HEAP_ABOVE, np.int32))
-    if cache_size == 0:  # nothing to learn: threads share the table as it is
-        table = table._replace(max_entries=int(table.fill[1]))
     return table
 
 
@@ -728,8 +729,8 @@ def build_split_ranks(token_bytes, token_offsets, token_ids, byte_ids, n_vocab: 
 class ThreadState:
     """What one thread's encoding writes to: its cache and its scratch space."""
 
-    def __init__(self, vocab: Table):
-        self.cache = cache_for_thread(vocab)
+    def __init__(self, vocab: Table, cache_size: int):
+        self.cache = ThreadCache(vocab, cache_size)
         self.scratch = new_scratch()
 
 
@@ -754,14 +755,16 @@ def run_encoder(kernel, buf, table, doc_ends, separator, specials: Specials, ran
     doc = i = 0
     while doc < n_docs:
         w, doc, i, need = kernel(buf, table, doc_ends, separator, specials, ranks, vocab,
-                                 state.cache, state.scratch, out, doc_out_ends, total, doc, i)
+                                 state.cache.table, state.scratch, out, doc_out_ends, total, doc, i)
         total += w
         if doc < n_docs:
             parts.append(out[:w].copy())
-            if need:
+            if need > 0:
                 parts.append(long_piece_ids(buf, i, need, ranks, vocab))
                 total += len(parts[-1])
                 i += need
+            elif need < 0:
+                state.cache.make_room()
     if not parts:
         return out[:w]
     parts.append(out[:w])
@@ -776,11 +779,14 @@ def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks
     parts = []
     k = 0
     while True:
-        w, k, need = kernel(buf, offsets, special_slots, special_ids, ranks, vocab, state.cache,
-                            state.scratch, out, k)
+        w, k, need = kernel(buf, offsets, special_slots, special_ids, ranks, vocab,
+                            state.cache.table, state.scratch, out, k)
         parts.append(out[:w].copy())
         if not need:
             break
-        parts.append(long_piece_ids(buf, offsets[k], need, ranks, vocab))
-        k += 1
+        if need > 0:
+            parts.append(long_piece_ids(buf, offsets[k], need, ranks, vocab))
+            k += 1
+        else:
+            state.cache.make_room()
     return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -2,10 +2,10 @@
 
 The *vocab table*, built once per tokenizer and shared read-only by every thread, holds every
 token's own bytes with the ids they encode to: the common words (about 85% of the pre-tokens of
-web text are one token). Each thread encodes with its own *cache*, a copy of the vocab table
-with room to remember as many other pre-tokens again (`cache_size`); when that room is full,
-the cache starts again from the vocab table, so memory stays bounded, and the lookup of any
-pre-token is one probe of one table.
+web text are one token). Each thread encodes with its own *cache* (`ThreadCache`), which starts
+as a copy of the vocab table and remembers every other pre-token the thread encodes, growing
+(doubled, rehashed) up to `cache_size` of them; past that it starts again from the vocab table,
+so memory stays bounded. The lookup of any pre-token is one probe of one table.
 
 A slot is four int64, `[k0, k1, meta, ext]`, so two share a 64-byte cache line:
 
@@ -63,12 +63,43 @@ def new_table(max_entries: int, max_key_len: int, record_items: int) -> Table:
                  np.zeros(3, dtype=np.int64), 64 - bits, max_entries, int(max_key_len), False)
 
 
-def cache_for_thread(vocab: Table) -> Table:
-    """A thread's cache: a private copy of the vocab table that learns (see the docstring)."""
-    if vocab.max_entries <= vocab.fill[1]:  # no room to learn (cache_size 0): share it
-        return vocab
-    return Table(vocab.slots.copy(), vocab.records.copy(), vocab.fill.copy(), vocab.shift,
-                 vocab.max_entries, vocab.max_key_len, True)
+_FIRST_ROOM = 1 << 14  # pre-tokens a new cache learns before it first grows
+
+
+class ThreadCache:
+    """A thread's cache (`table`, see the module docstring): a copy of the vocab table that
+    learns up to `limit` more pre-tokens. The kernels store into it until it is full and then
+    return; `make_room` grows it, or starts it again from the vocab table at the limit."""
+
+    def __init__(self, vocab: Table, limit: int):
+        self.vocab = vocab
+        self.limit = limit
+        self.table = self._fresh()
+
+    def _fresh(self) -> Table:
+        if self.limit == 0:  # learns nothing: share the vocab table itself
+            return self.vocab
+        return _copy(self.vocab, int(self.vocab.fill[1]) + min(self.limit, _FIRST_ROOM),
+                     len(self.vocab.records) + 8 * min(self.limit, _FIRST_ROOM))
+
+    def make_room(self) -> None:
+        """Called when the table `is_full`: double its room, up to the limit; then start again."""
+        t = self.table
+        learned = int(t.fill[1] - self.vocab.fill[1])
+        if learned >= self.limit:
+            times = int(t.fill[2])
+            self.table = self._fresh()
+            self.table.fill[2] = times + 1
+            return
+        room = min(self.limit, 2 * max(learned, 1))
+        self.table = _copy(t, int(self.vocab.fill[1]) + room, 2 * len(t.records))
+
+
+def _copy(table: Table, max_entries: int, record_items: int) -> Table:
+    """A learning copy of `table` with room for `max_entries` entries and `record_items`."""
+    bigger = new_table(max_entries, table.max_key_len, record_items)._replace(learns=True)
+    _rehash(table, bigger)
+    return bigger
 
 
 @njit(inline="always")
@@ -115,7 +146,7 @@ def key_of(buf, start, end):
         h1 = (h1 + word) * _MIX
         h1 ^= h1 >> np.uint64(31)
         i += 8
-    return np.int64(h0), np.int64(h1), LONG, (h0 ^ h1) * _GOLDEN
+    return np.int64(h0), np.int64(h1), LONG, (h0 ^ h1) * _GOLDEN  # = `_slot_hash`
 
 
 @intrinsic
@@ -195,26 +226,16 @@ def copy_ids(table, s, out, w):
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def store(table, s, k0, k1, tag, h, buf, start, length, ids, w, m, seed):
+def store(table, s, k0, k1, tag, buf, start, length, ids, w, m):
     """Store pre-token buf[start:start + length] -> ids[w:w + m] at slot s (where `find` said
-    it would go). A learning cache that is full starts again from `seed` (the vocab table it
-    was copied from) first. Returns whether it did."""
+    it would go), if the table has room; return whether it had."""
     slots = table.slots
     records = table.records
     fill = table.fill
     inline = tag != LONG and m <= 3
     need = 0 if inline else 1 + m + (length + 1 if tag == LONG else 0)
-    restarted = fill[1] >= table.max_entries or fill[0] + need > records.shape[0]
-    if restarted:  # full: back to the vocab table alone (bounded memory)
-        for i in range(slots.shape[0]):
-            slots[i] = seed.slots[i]
-        for i in range(seed.fill[0]):
-            records[i] = seed.records[i]
-        times = fill[2]
-        fill[0] = seed.fill[0]
-        fill[1] = seed.fill[1]
-        fill[2] = times + 1
-        s = -1 - find(table, home(table, h), k0, k1, tag, buf, start, length)
+    if fill[1] >= table.max_entries or fill[0] + need > records.shape[0]:
+        return False
     slots[4 * s] = k0
     slots[4 * s + 1] = k1
     if inline:
@@ -238,7 +259,43 @@ def store(table, s, k0, k1, tag, h, buf, start, length, ids, w, m, seed):
         slots[4 * s + 2] = tag
         fill[0] = r + need
     fill[1] += 1
-    return restarted
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def is_full(table):
+    """Whether a learning cache can take no more (entries, or records for the longest key)."""
+    return table.learns and (table.fill[1] >= table.max_entries
+                             or table.fill[0] + 4 + 2 * table.max_key_len > table.records.shape[0])
+
+
+@njit(inline="always")
+def _slot_hash(k0, k1, tag):
+    """The hash `key_of` gave the key (k0, k1, tag)."""
+    a = np.uint64(k0)
+    b = np.uint64(k1)
+    if tag == LONG:
+        return (a ^ b) * _GOLDEN
+    return ((a ^ (b * _MIX)) + np.uint64(tag)) * _GOLDEN
+
+
+@njit(cache=True, nogil=True)
+def _rehash(old, new):
+    """Put every entry of `old` into the empty, larger table `new` (records as they are)."""
+    mask = (new.slots.shape[0] >> 2) - 1
+    for s in range(old.slots.shape[0] >> 2):
+        meta = old.slots[4 * s + 2]
+        if meta == 0:
+            continue
+        t = home(new, _slot_hash(old.slots[4 * s], old.slots[4 * s + 1], meta & 255))
+        while new.slots[4 * t + 2] != 0:
+            t = (t + 1) & mask
+        for k in range(4):
+            new.slots[4 * t + k] = old.slots[4 * s + k]
+    for i in range(old.fill[0]):
+        new.records[i] = old.records[i]
+    for i in range(3):
+        new.fill[i] = old.fill[i]
 
 
 @njit(cache=True, nogil=True, _nrt=False)

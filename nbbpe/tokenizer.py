@@ -113,7 +113,7 @@ class Tokenizer:
         *,
         pattern: str = GPT2_PATTERN,
         pretokenizer: str = "auto",
-        cache_size: int = 1 << 17,
+        cache_size: int = 1 << 20,
         block_chars: int = BLOCK_CHARS,
     ):
         vocab = check_vocab(vocab)
@@ -587,7 +587,8 @@ class Tokenizer:
         if state is None:
             from .encode import ThreadState
 
-            state = self._threads.state = ThreadState(self._get_engine().vocab_table)
+            state = self._threads.state = ThreadState(self._get_engine().vocab_table,
+                                                      self._cache_size)
         return state
 
     def __getstate__(self):  # for other processes (e.g. Dask workers): no locks, no caches
@@ -686,7 +687,7 @@ class _Engine(NamedTuple):
                 ranks = encode.build_split_ranks(t._token_bytes, t._token_offsets,
                                                  token_ids[regular], t._byte_ids, t.n_vocab)
             vocab_table = encode.build_vocab_table(t._token_bytes, t._token_offsets,
-                                                   token_ids[regular], ranks, t._cache_size)
+                                                   token_ids[regular], ranks)
         if kernel is None:
             return cls(ranks, vocab_table, specials, None, None)
         return cls(ranks, vocab_table, specials, encode.encoder_for(t._family, mode)[0], kernel)
@@ -752,7 +753,7 @@ def _merge_ids(merges: Merges, ids: dict[bytes, int]) -> tuple[np.ndarray, np.nd
 
 def _options(options: dict) -> dict:
     """Keyword options of the constructor, as `_setup` takes them."""
-    known = {"pattern": GPT2_PATTERN, "pretokenizer": "auto", "cache_size": 1 << 17,
+    known = {"pattern": GPT2_PATTERN, "pretokenizer": "auto", "cache_size": 1 << 20,
              "block_chars": BLOCK_CHARS}
     unknown = set(options) - set(known)
     if unknown:
