@@ -732,6 +732,18 @@ class ThreadState:
     def __init__(self, vocab: Table, cache_size: int):
         self.cache = ThreadCache(vocab, cache_size)
         self.scratch = new_scratch()
+        self.out = np.empty(0, dtype=np.int32)  # the kernels' output, reused: no page faults
+
+    def output(self, items: int) -> np.ndarray:
+        """The output buffer, with room for `items` ids (at most `_OUT_ITEMS`: the kernels
+        return when it is full, and are called again)."""
+        items = min(items, _OUT_ITEMS)
+        if len(self.out) < items:
+            self.out = np.empty(max(items, 2 * len(self.out)), dtype=np.int32)
+        return self.out
+
+
+_OUT_ITEMS = 1 << 22  # ids per kernel call at most (16 MB)
 
 
 def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> np.ndarray:
@@ -741,34 +753,32 @@ def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> 
 
 
 def run_encoder(kernel, buf, table, doc_ends, separator, specials: Specials, ranks: Ranks,
-                vocab: Table, state: ThreadState, doc_out_ends=None):
-    """All ids (int32) of the documents of `buf` (UTF-8, validated) with `kernel`, merging the
-    long pre-tokens it stops at; `doc_out_ends`, if given, receives where each document's ids
-    end."""
+                vocab: Table, state: ThreadState, doc_out_ends=None, dtype=np.int32):
+    """All ids (as `dtype`) of the documents of `buf` (UTF-8, validated) with `kernel`, merging
+    the long pre-tokens it stops at; `doc_out_ends`, if given, receives where each document's
+    ids end."""
     n_docs = len(doc_ends)
     if doc_out_ends is None:
         doc_out_ends = np.empty(n_docs, dtype=np.int64)
-    # At most one id per byte, plus the separators: one allocation in nearly every case.
-    out = np.empty(len(buf) + (n_docs if separator >= 0 else 0) + 1, dtype=np.int32)
+    # At most one id per byte, plus the separators.
+    out = state.output(len(buf) + (n_docs if separator >= 0 else 0) + 1)
     parts = []
-    total = w = 0
+    total = 0
     doc = i = 0
-    while doc < n_docs:
+    while True:
         w, doc, i, need = kernel(buf, table, doc_ends, separator, specials, ranks, vocab,
                                  state.cache.table, state.scratch, out, doc_out_ends, total, doc, i)
+        parts.append(out[:w].astype(dtype))
         total += w
-        if doc < n_docs:
-            parts.append(out[:w].copy())
-            if need > 0:
-                parts.append(long_piece_ids(buf, i, need, ranks, vocab))
-                total += len(parts[-1])
-                i += need
-            elif need < 0:
-                state.cache.make_room()
-    if not parts:
-        return out[:w]
-    parts.append(out[:w])
-    return np.concatenate(parts)
+        if doc == n_docs:
+            break
+        if need > 0:
+            parts.append(long_piece_ids(buf, i, need, ranks, vocab).astype(dtype))
+            total += len(parts[-1])
+            i += need
+        elif need < 0:
+            state.cache.make_room()
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks: Ranks,

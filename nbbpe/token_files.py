@@ -136,16 +136,15 @@ class UnitEncoder:
         separator = self.separator if batch.documents else None
         tokenizer = self.tokenizer
         if tokenizer._family is not None:
-            ids = tokenizer.encode_utf8(data, doc_ends, separator=separator)[0]
-        else:  # the regex path: one document at a time
-            text = data.tobytes()
-            starts = [0, *doc_ends[:-1].tolist()]
-            parts = []
-            for a, b in zip(starts, doc_ends.tolist()):
-                parts.append(tokenizer._encode_text(text[a:b].decode("utf-8")))
-                if separator is not None:
-                    parts.append(np.array([separator], dtype=np.int32))
-            ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+            return tokenizer.encode_utf8(data, doc_ends, separator=separator, dtype=self.dtype)[0]
+        text = data.tobytes()  # the regex path: one document at a time
+        starts = [0, *doc_ends[:-1].tolist()]
+        parts = []
+        for a, b in zip(starts, doc_ends.tolist()):
+            parts.append(tokenizer._encode_text(text[a:b].decode("utf-8")))
+            if separator is not None:
+                parts.append(np.array([separator], dtype=np.int32))
+        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
         return ids.astype(self.dtype)
 
 

@@ -329,7 +329,10 @@ class Tokenizer:
         """The token ids of `text` as an array of `dtype` (default: uint16 if every id fits,
         else uint32)."""
         dtype = self.id_dtype(dtype)
-        return self._encode_text(_check_text(text, "encode_to_numpy")).astype(dtype)
+        text = _check_text(text, "encode_to_numpy")
+        if self._family is not None:
+            return self.encode_utf8(_utf8(text), dtype=dtype)[0]
+        return self._encode_text(text).astype(dtype)
 
     def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[list[int]]:
         """The ids of each text, encoded on `num_threads` threads (default: one per CPU)."""
@@ -428,9 +431,10 @@ class Tokenizer:
             )
         return dtype
 
-    def encode_utf8(self, data, doc_ends=None, *, separator: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(int32 ids, where each document's ids end) of UTF-8 bytes `data` (valid UTF-8: the
-        caller checks), whose documents end at `doc_ends` (default: one document); each is a
+    def encode_utf8(self, data, doc_ends=None, *, separator: int | None = None,
+                    dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
+        """(ids as `dtype`, where each document's ids end) of UTF-8 bytes `data` (valid UTF-8:
+        the caller checks), whose documents end at `doc_ends` (default: one document); each is a
         text of its own, followed by `separator`'s id if given. For the compiled patterns."""
         buf = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
         if doc_ends is None:
@@ -438,7 +442,7 @@ class Tokenizer:
         engine = self._get_engine()
         doc_out_ends = np.empty(len(doc_ends), dtype=np.int64)
         ids = engine.run(buf, doc_ends, -1 if separator is None else separator,
-                         self._thread_state(), doc_out_ends)
+                         self._thread_state(), doc_out_ends, dtype)
         return ids, doc_out_ends
 
     def _encode_group(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -692,11 +696,11 @@ class _Engine(NamedTuple):
             return cls(ranks, vocab_table, specials, None, None)
         return cls(ranks, vocab_table, specials, encode.encoder_for(t._family, mode)[0], kernel)
 
-    def run(self, buf, doc_ends, separator, state, doc_out_ends):
+    def run(self, buf, doc_ends, separator, state, doc_out_ends, dtype=np.int32):
         from .encode import run_encoder
 
         return run_encoder(self.kernel, buf, self.class_table, doc_ends, separator, self.specials,
-                           self.ranks, self.vocab_table, state, doc_out_ends)
+                           self.ranks, self.vocab_table, state, doc_out_ends, dtype)
 
     def run_pieces(self, data, offsets, special_slots, special_ids, state):
         from .encode import run_piece_encoder
