@@ -55,11 +55,11 @@ from .encode_tables import (
     prefetch,
     store,
 )
-from .scanners.cl100k import cl100k_pretoken_end
+from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
-from .scanners.o200k import o200k_pretoken_end
+from .scanners.o200k import o200k_block_boundaries, o200k_pretoken_end
 from .scanners.specials import Specials, next_special
-from .scanners.spans import WINDOW, no_blocks, scan_window
+from .scanners.spans import WINDOW, scan_window
 
 MERGES, RANKS = 0, 1  # merge orders
 NO_MERGE = np.int64(np.iinfo(np.int64).max)
@@ -510,7 +510,7 @@ def encode_gpt2_ranks(buf, table, doc_ends, separator, specials, ranks, vocab, c
 def encode_cl100k_merges(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
                          out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with cl100k's scanner, in MERGES order."""
-    return encode_documents(cl100k_pretoken_end, no_blocks, _encode_new_merges, buf, table,
+    return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, _encode_new_merges, buf, table,
                             doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 
@@ -519,7 +519,7 @@ def encode_cl100k_merges(buf, table, doc_ends, separator, specials, ranks, vocab
 def encode_cl100k_ranks(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
                         out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with cl100k's scanner, in RANKS order."""
-    return encode_documents(cl100k_pretoken_end, no_blocks, _encode_new_ranks, buf, table,
+    return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, _encode_new_ranks, buf, table,
                             doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 
@@ -528,7 +528,7 @@ def encode_cl100k_ranks(buf, table, doc_ends, separator, specials, ranks, vocab,
 def encode_o200k_merges(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
                         out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with o200k's scanner, in MERGES order."""
-    return encode_documents(o200k_pretoken_end, no_blocks, _encode_new_merges, buf, table,
+    return encode_documents(o200k_pretoken_end, o200k_block_boundaries, _encode_new_merges, buf, table,
                             doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 
@@ -537,7 +537,7 @@ def encode_o200k_merges(buf, table, doc_ends, separator, specials, ranks, vocab,
 def encode_o200k_ranks(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
                        out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with o200k's scanner, in RANKS order."""
-    return encode_documents(o200k_pretoken_end, no_blocks, _encode_new_ranks, buf, table,
+    return encode_documents(o200k_pretoken_end, o200k_block_boundaries, _encode_new_ranks, buf, table,
                             doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 

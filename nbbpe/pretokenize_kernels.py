@@ -26,11 +26,11 @@ from .corpus import check_errors_policy, check_utf8
 from .kernel_cache import announce_compiling, cached
 from .patterns import validate_special_tokens
 from .scanners import cl100k, gpt2, o200k
-from .scanners.cl100k import cl100k_pretoken_end
+from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
-from .scanners.o200k import o200k_pretoken_end
+from .scanners.o200k import o200k_block_boundaries, o200k_pretoken_end
 from .scanners.specials import make_specials, next_special
-from .scanners.spans import WINDOW, no_blocks, scan_window
+from .scanners.spans import WINDOW, scan_window
 
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing into slots
@@ -227,7 +227,7 @@ def count_gpt2(buf, table, doc_ends, specials, slots, bits, word_offsets, counts
 def count_cl100k(buf, table, doc_ends, specials, slots, bits, word_offsets, counts, arena,
                  n_words):
     """`count_documents` with cl100k's scanner."""
-    return count_documents(cl100k_pretoken_end, no_blocks, buf, table, doc_ends, specials,
+    return count_documents(cl100k_pretoken_end, cl100k_block_boundaries, buf, table, doc_ends, specials,
                            slots, bits, word_offsets, counts, arena, n_words)
 
 
@@ -235,7 +235,7 @@ def count_cl100k(buf, table, doc_ends, specials, slots, bits, word_offsets, coun
 def count_o200k(buf, table, doc_ends, specials, slots, bits, word_offsets, counts, arena,
                 n_words):
     """`count_documents` with o200k's scanner."""
-    return count_documents(o200k_pretoken_end, no_blocks, buf, table, doc_ends, specials,
+    return count_documents(o200k_pretoken_end, o200k_block_boundaries, buf, table, doc_ends, specials,
                            slots, bits, word_offsets, counts, arena, n_words)
 
 

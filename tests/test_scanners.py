@@ -2,9 +2,11 @@
 bytes) on the fixture texts, the shared corpora and hypothesis strings weighted toward what makes
 each pattern tricky; segments scanned as texts of their own; the tables' classes on every code
 point; the claims the scanners rely on (pre-tokens tile the text; tiktoken's spelling of GPT-2's
-pattern finds the same pre-tokens)."""
+pattern finds the same pre-tokens); the block scanners of cl100k and o200k against their own
+scanners, at every pre-token start of long ASCII-heavy texts."""
 
 import functools
+import random
 from pathlib import Path
 
 import numpy as np
@@ -262,3 +264,115 @@ def test_o200k_table_agrees_with_regex_on_every_code_point():
     codes = table >> o200k.CONTRACTION_SHIFT
     for code, letter in enumerate(o200k.CONTRACTION_LETTERS, 1):
         np.testing.assert_array_equal(codes == code, members(f"(?i:{letter})"), letter)
+
+
+# --- the block scanners ---------------------------------------------------------------------------
+
+# Family -> (scanner, block scanner, table) for the families whose block scanners are tested here
+# against their own scanner (GPT-2's is compared with `regex` through the spans tests alone).
+BLOCK_SCANNERS = {
+    "cl100k": (cl100k.cl100k_pretoken_end, cl100k.cl100k_block_boundaries, cl100k.class_table),
+    "o200k": (o200k.o200k_pretoken_end, o200k.o200k_block_boundaries, o200k.class_table),
+}
+ASCII_WHITESPACE = b"\t\n\x0b\x0c\r "
+
+# ASCII-heavy pieces for texts long enough to hold many 64-byte blocks: contractions in and after
+# words in every case, words in every case mix, numbers of every length, runs of whitespace with
+# and without \r\n before everything, others alone and in runs before words and newlines, `/` after
+# newlines (o200k's `[\r\n/]*`), a few non-ASCII characters (a block's ASCII ends before them).
+BLOCK_PIECES = {
+    "'": 6, "'s": 4, "'S": 2, "'t": 2, "'LL": 2, "'ll": 2, "'re": 2, "'Ve": 1, "'d": 1, "'M": 1,
+    "'l": 1, "'v": 1, "they're": 2, "DON'T": 1, "it's": 2, "x's's": 1, "a'll": 1, "l": 1, "s": 1,
+    "a": 4, "the": 4, "word": 3, "Hello": 3, "HTML": 2, "iPhone": 2, "HTMLParser": 1, "aBc": 1,
+    "Z": 1, "e": 1,
+    "0": 2, "12": 2, "123": 2, "1234": 2, "12345": 1, "123456": 1, "1234567": 1, "1" * 20: 1,
+    " ": 24, "  ": 4, "   ": 2, "    ": 2, "\t": 3, " \t": 1, "\t ": 1, "\x0b": 1, "\x0c": 1,
+    "\n": 8, "\n\n": 3, "\r\n": 4, "\r": 2, "\r\n\r\n": 2, " \n": 2, "\n ": 2, "\n  \n": 2,
+    "\n    ": 2, " \r\n ": 1, "\n\t\n": 1,
+    ".": 4, ",": 4, "!": 2, "!!": 2, "(": 2, ")": 1, "\"": 2, "-": 2, "/": 3, "//": 2, "</": 1,
+    "\n/": 2, "}\n//": 1, "{": 1, "#": 1, "*": 1, "\x00": 1, "\x1c": 1, "\x7f": 1,
+    "\u00e9": 1, "\u00a0": 1, "\u2019": 1, "\u4e2d": 1,
+}
+BLOCK_ALPHABET = [piece for piece, weight in BLOCK_PIECES.items() for _ in range(weight)]
+ascii_heavy_texts = st.lists(st.sampled_from(BLOCK_ALPHABET), min_size=40,
+                             max_size=200).map("".join)
+
+
+def scalar_starts(family, buf):
+    """Where the family's scanner starts pre-tokens in the text `buf` (its end included)."""
+    scanner, _, class_table = BLOCK_SCANNERS[family]
+    table = class_table()
+    starts = [0]
+    while starts[-1] < buf.size:
+        starts.append(scanner(buf, table, starts[-1], buf.size))
+    return np.array(starts, dtype=np.int64)
+
+
+def expected_block_bits(buf, starts, p):
+    """What the block scanners promise at the pre-token start p: the starts in buf[p + 1:p + n - 2]
+    where buf[p:p + n] is ASCII (n <= 64), except those inside a whitespace run reaching byte
+    p + n - 1 (what follows the run decides how it is cut), as bits of a uint64."""
+    block = bytes(buf[p:p + 64])
+    n = next((k for k, byte in enumerate(block) if byte >= 0x80), len(block))
+    run = len(block[:n].rstrip(ASCII_WHITESPACE))  # where a trailing whitespace run starts
+    last = n - 3 if run == n else min(n - 3, run)  # the last bit that may be set
+    found = starts[np.searchsorted(starts, p, "right"):np.searchsorted(starts, p + last, "right")]
+    return sum(1 << int(k) for k in found - p)
+
+
+def assert_blocks_match_scanner(family, text):
+    """At every pre-token start p with p + 64 <= len, the block scanner's bits are the expected
+    ones; returns how many blocks gave starts."""
+    _, block_scanner, class_table = BLOCK_SCANNERS[family]
+    table = class_table()
+    buf = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    starts = scalar_starts(family, buf)
+    handled = 0
+    for p in starts[starts + 64 <= buf.size]:
+        got = int(block_scanner(buf, table, p))
+        want = expected_block_bits(buf, starts, p)
+        if got != want:
+            pytest.fail(f"{family} block at {p} {bytes(buf[p:p + 64])!r}: bits "
+                        f"{[k for k in range(64) if got >> k & 1]}, the scanner's "
+                        f"{[k for k in range(64) if want >> k & 1]}")
+        handled += got != 0
+    return handled
+
+
+@settings(max_examples=200)
+@given(text=ascii_heavy_texts)
+def test_block_scanners_match_their_scanners(text):
+    for family in BLOCK_SCANNERS:
+        assert_blocks_match_scanner(family, text)
+    for name in PATTERNS:  # and the spans kernels, which use them, match `regex`
+        assert_scan_matches_regex(name, text)
+
+
+@pytest.mark.parametrize("family", BLOCK_SCANNERS)
+def test_block_scanners_match_their_scanners_on_long_random_texts(family):
+    # Many more blocks than hypothesis draws cheaply: texts of 1,000 pieces from a seeded random.
+    rng = random.Random(64)
+    for _ in range(40):
+        assert_blocks_match_scanner(family, "".join(rng.choices(BLOCK_ALPHABET, k=1000)))
+
+
+@pytest.mark.parametrize("family", BLOCK_SCANNERS)
+@pytest.mark.parametrize("text", [
+    "x" * 70, "1" * 70, " " * 70, "\n" * 70, "." * 70, "a" * 61 + "'s'll",
+    "a" * 60 + "'ll" + "x" * 9,
+    "ab " * 30, "a \n" * 30, "a\n  \n  b " * 10, "x\r\n\r\n  y\t\tz  \n" * 6, "!\n/!x (y !!z " * 7,
+    "don't DON'T they'RE x's's a'll 'tis " * 4, "iPhone HTMLParser aBcD's ABC'S " * 4,
+    "12345678901234567890 1234 12 1 " * 4, "x" * 58 + "\n\n  \n   ", "x" * 60 + "\u00e9" + "y" * 9,
+    "(word !!word  \tword\t word ,word\n" * 5,
+])
+def test_block_scanners_on_chosen_texts(family, text):
+    # Blocks of one class, or cut at their end, give no start: the expected bits are 0 then.
+    assert_blocks_match_scanner(family, text)
+
+
+@pytest.mark.parametrize("family", BLOCK_SCANNERS)
+def test_block_scanners_on_the_corpora(family, corpus_text):
+    # The right starts, and from most blocks (those of the multilingual corpus too).
+    text = corpus_text[:60_000]
+    handled = assert_blocks_match_scanner(family, text)
+    assert handled > len(text.encode("utf-8")) / 64 / 2

@@ -36,10 +36,12 @@ import functools
 import numpy as np
 import regex
 from numba import njit
+from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 from . import classes
 from .classes import char_flags, every_code_point
-from .spans import no_blocks, scan_segments
+from .gpt2 import _bits, _in_range
+from .spans import scan_segments
 
 # Bits of `class_table()`: the class in the low bits ...
 LETTER = 1  # \p{L}
@@ -86,8 +88,27 @@ def class_table() -> np.ndarray:
     table |= np.where(flags & classes.NUMBER, NUMBER, 0).astype(np.uint8)
     table |= np.where(flags & classes.SPACE, SPACE, 0).astype(np.uint8)
     table |= contraction_codes(CONTRACTION_LETTERS) << CONTRACTION_SHIFT
+    check_ascii_entries(table, LETTER, NUMBER, SPACE, CONTRACTION_SHIFT, CONTRACTION_LETTERS)
     table.setflags(write=False)
     return table
+
+
+def check_ascii_entries(table, letter, number, space, shift, letters) -> None:
+    """The block scanners hard-code what `regex` makes of ASCII: A-Z and a-z letters, 0-9
+    numbers, \\t \\n \\v \\f \\r and U+0020 whitespace, everything else other, and a
+    contraction letter matching only itself in either case. Check `table[:128]` says so
+    (`letter` may be a pair of bits: upper-case letters get the first, lower-case the second)."""
+    upper, lower = letter if isinstance(letter, tuple) else (letter, letter)
+    expected = np.zeros(128, dtype=np.int64)
+    expected[ord("A"):ord("Z") + 1] = upper
+    expected[ord("a"):ord("z") + 1] = lower
+    expected[ord("0"):ord("9") + 1] = number
+    expected[[9, 10, 11, 12, 13, 32]] = space
+    for code, c in enumerate(letters, 1):
+        expected[[ord(c), ord(c.upper())]] |= code << shift
+    mask = upper | lower | number | space | (0xFF << shift)
+    if not np.array_equal(table[:128].astype(np.int64) & mask, expected):
+        raise RuntimeError("regex classifies ASCII differently from what the block scanners assume")
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -211,8 +232,177 @@ def cl100k_pretoken_end(buf, table, i, stop):
     return j  # 6d
 
 
+_MIN_ASCII = 4  # a block whose first n < 4 bytes are ASCII decides no start at bits 1..n - 3
+_HIGH = np.uint64(0x8080808080808080)
+_LOWER_CASE = np.uint64(0x2020202020202020)  # or'ed in: A-Z become a-z
+# Byte values as np.uint64, not int literals: a literal argument compiles a callee once per value.
+_LOWER_A, _LOWER_Z = np.uint64(0x61), np.uint64(0x7A)
+_DIGIT_0, _DIGIT_9 = np.uint64(0x30), np.uint64(0x39)
+_TAB_BYTE, _LF_BYTE, _CR_BYTE = np.uint64(0x09), np.uint64(0x0A), np.uint64(0x0D)
+_BLANK_BYTE, _QUOTE_BYTE = np.uint64(0x20), np.uint64(0x27)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _load8(buf, q):
+    """buf[q:q + 8] as a little-endian uint64 (byte q in the low bits)."""
+    return (np.uint64(buf[q]) | np.uint64(buf[q + 1]) << np.uint64(8)
+            | np.uint64(buf[q + 2]) << np.uint64(16) | np.uint64(buf[q + 3]) << np.uint64(24)
+            | np.uint64(buf[q + 4]) << np.uint64(32) | np.uint64(buf[q + 5]) << np.uint64(40)
+            | np.uint64(buf[q + 6]) << np.uint64(48) | np.uint64(buf[q + 7]) << np.uint64(56))
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _suffix_length(buf, q):
+    """3 if buf[q:q + 3] is `'ll`, `'ve` or `'re`, 2 if buf[q:q + 2] is `'s`, `'d`, `'m` or `'t`
+    (ASCII, either case; buf[q] is an apostrophe), else 0. Reads buf[q + 2] in every case."""
+    s = buf[q + 1] | 0x20
+    t = buf[q + 2] | 0x20
+    if s == 115 or s == 100 or s == 109 or s == 116:  # s d m t
+        return 2
+    if (s == 108 and t == 108) or (s == 118 and t == 101) or (s == 114 and t == 101):
+        return 3  # ll ve re
+    return 0
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _runs_after(run, first):
+    """(covered, after): for each run of consecutive bits of `run` holding bits of `first`,
+    `covered` has its bits from the lowest of those to the run's end, `after` the bit just past
+    its end (none if that is bit 64). One addition: each such run carries out at its end."""
+    carried = run + first
+    return (run & ~carried) | first, carried & ~run
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _after_newline_starts(spaces, newlines, begun):
+    """Rule 6 after a newline (`\\r` or `\\n`): a run of `spaces` (whitespace other than \\r\\n)
+    right after one starts a pre-token if its whitespace run has no newline after it (else it is
+    inside the `\\s*[\\r\\n]` match that ends at that newline), or if its first bit is in `begun`
+    (a pre-token begins there anyway: right after the newlines that rule 5 took)."""
+    one = np.uint64(1)
+    heads = spaces & (newlines << one)
+    _, after = _runs_after(spaces, heads)
+    bad = after & newlines  # the run ends at a newline: its head is inside a 6b match
+    while bad:
+        d = np.uint64(trailing_zeros(bad))
+        bad &= bad - one
+        below = heads & ((one << d) - one)
+        heads &= ~(one << (np.uint64(63) - np.uint64(leading_zeros(below))))
+    return heads | (begun & spaces)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _before_trailing_whitespace(starts, whitespace, n):
+    """`starts` less those inside a whitespace run that reaches bit n - 1 (bits of `whitespace`
+    from n on are 0): bytes from n on decide how such a run is cut (another newline, the end of
+    the text for `\\s++$`, a non-ASCII space)."""
+    top = np.uint64(64 - n)
+    if (whitespace << top) >> np.uint64(63) == 0:
+        return starts
+    first = np.uint64(n) - np.uint64(leading_zeros(~(whitespace << top)))  # where the run starts
+    return starts & ((np.uint64(2) << first) - np.uint64(1))
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _digit_starts(numbers):
+    """Where runs of one to three numbers start: each run of `numbers` cut in threes from its
+    start (bit 0, a pre-token start, counts as one)."""
+    one = np.uint64(1)
+    starts = numbers & ~(numbers << one)
+    long = numbers & (numbers << one) & (numbers << np.uint64(2)) & (numbers << np.uint64(3))
+    cut = (starts << np.uint64(3)) & long
+    while cut:  # runs of four or more numbers: one more cut each step
+        starts |= cut
+        cut = (cut << np.uint64(3)) & long
+    return starts
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def cl100k_block_boundaries(buf, table, p):
+    """Where pre-tokens start in buf[p + 1:p + 62], as bits 1..61 of a uint64, for a pre-token
+    starting at p; the caller ensures p + 64 <= stop. `table` is not read (`class_table()` checks
+    that ASCII's classes are the ones assumed here).
+
+    Only the starts that ASCII decides are given: with buf[p:p + n] ASCII (n = 64 for a block of
+    ASCII, else where the first non-ASCII character starts), those at bits 1..n - 3, less those
+    inside a whitespace run that reaches bit n - 1 (what follows decides how such a run is cut:
+    another newline, the end of the text for `\\s++$`, a non-ASCII space). 0 if none is left
+    (n < 4, a block of whitespace or of one word, ...): the caller then scans one pre-token.
+
+    The rules above as bit masks over the bytes (bit k for buf[p + k]; L letters, N numbers,
+    W whitespace other than \\r\\n, C \\r or \\n, O other, B U+0020). Pre-tokens start at k where
+    - k is L, k - 1 is not L, and k - 1 is neither W (the last whitespace character, always a
+      start, joins the letters by rule 3) nor a lone O that starts a pre-token (k - 2 not O, not
+      B; a lone O at k - 1 after B went to B by rule 5);
+    - k is N, and starts a run of numbers or is 3, 6, ... numbers into one (rule 4);
+    - k is O, k - 1 is not O (others run on, rule 5) and not B (rule 5 took it with the B);
+    - k is C and k - 1 is L or N (after O, a C joins the others by rule 5's `[\\r\\n]*`; after W
+      or C it is in the same whitespace pre-token);
+    - k is W and k - 1 is not whitespace (a run starts), or k + 1 is not (its last character,
+      rule 6c), or k - 1 is C and either the W run from k ends outside whitespace (6b ended at
+      that C) or the C run before it followed an O (rule 5 took those Cs);
+    - k ends a contraction that starts at such a place (and nowhere inside it).
+    So bit k depends on bytes k - 2..k + 1, on the two after an apostrophe before it, on where
+    runs of numbers and whitespace start, and on how whitespace runs end: bytes below n for the
+    bits given. Bytes before p are never read: that p starts a pre-token stands in for them (an
+    O at p joins the letters after it, numbers from p are cut in threes from p).
+    """
+    letters = np.uint64(0)
+    numbers = np.uint64(0)
+    whitespace = np.uint64(0)
+    blanks = np.uint64(0)  # U+0020 only
+    newlines = np.uint64(0)  # \r and \n
+    apostrophes = np.uint64(0)
+    n = np.int64(64)  # bytes buf[p:p + n] are ASCII
+    for k in range(8):  # eight bytes at a time, no branches (SWAR)
+        x = _load8(buf, p + 8 * k)
+        high = x & _HIGH
+        if high:  # ASCII ends at byte n: what it is and what follows decide nothing before n - 2
+            n = 8 * k + np.int64(trailing_zeros(high) >> np.uint64(3))
+            if n < _MIN_ASCII:
+                return np.uint64(0)  # the caller scans one pre-token at a time
+            x &= (np.uint64(1) << np.uint64(8 * (n - 8 * k))) - np.uint64(1)  # NULs, "other"
+        shift = np.uint64(8 * k)
+        letters |= _bits(_in_range(x | _LOWER_CASE, _LOWER_A, _LOWER_Z)) << shift
+        numbers |= _bits(_in_range(x, _DIGIT_0, _DIGIT_9)) << shift
+        blank = _in_range(x, _BLANK_BYTE, _BLANK_BYTE)
+        whitespace |= _bits(_in_range(x, _TAB_BYTE, _CR_BYTE) | blank) << shift
+        blanks |= _bits(blank) << shift
+        newline = _in_range(x, _LF_BYTE, _LF_BYTE) | _in_range(x, _CR_BYTE, _CR_BYTE)
+        newlines |= _bits(newline) << shift
+        apostrophes |= _bits(_in_range(x, _QUOTE_BYTE, _QUOTE_BYTE)) << shift
+        if high:
+            break  # the bytes from n on stay "other" (no class bit)
+    one = np.uint64(1)
+    two = np.uint64(2)
+    decidable = (one << np.uint64(n - 2)) - one  # bits 0..n - 3
+    others = ~(letters | numbers | whitespace)
+    spaces = whitespace & ~newlines
+    # Rule 5's `[\r\n]*+`: the newlines right after others, and where they end.
+    taken, after_taken = _runs_after(newlines, newlines & (others << one))
+    lone_other = (others << one) & ~(others << two) & ~(blanks << two)
+    starts = (one
+              | (letters & ~(letters << one) & ~(spaces << one) & ~lone_other)
+              | _digit_starts(numbers)
+              | (others & ~(others << one) & ~(blanks << one))
+              | (newlines & ~(whitespace << one) & ~(others << one))
+              | (spaces & (~(whitespace << one) | ~(whitespace >> one)))
+              | _after_newline_starts(spaces, newlines, after_taken))
+    starts &= ~taken
+    candidates = apostrophes & starts & decidable
+    while candidates:  # rule 1, at an apostrophe that starts a pre-token
+        k = np.uint64(trailing_zeros(candidates))
+        candidates &= candidates - one
+        length = np.uint64(_suffix_length(buf, p + np.int64(k)))
+        if length:
+            starts &= ~(((one << (length - one)) - one) << (k + one))
+            if k + length < np.uint64(64):
+                starts |= one << (k + length)
+    return _before_trailing_whitespace(starts, whitespace, n) & decidable & ~one
+
+
 @njit(cache=True, nogil=True)
 def cl100k_spans(buf, table, seg_starts, seg_ends, starts, ends):
-    """`spans.scan_segments` with the cl100k scanner (no block scanner yet)."""
-    return scan_segments(cl100k_pretoken_end, no_blocks, buf, table, seg_starts, seg_ends,
-                         starts, ends)
+    """`spans.scan_segments` with the cl100k scanners."""
+    return scan_segments(cl100k_pretoken_end, cl100k_block_boundaries, buf, table, seg_starts,
+                         seg_ends, starts, ends)

@@ -45,11 +45,14 @@ import functools
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from . import classes
-from .cl100k import contraction_codes
+from .cl100k import (_after_newline_starts, _before_trailing_whitespace, _digit_starts, _load8,
+                     _runs_after, _suffix_length, check_ascii_entries, contraction_codes)
 from .classes import char_flags
-from .spans import no_blocks, scan_segments
+from .gpt2 import _bits, _in_range
+from .spans import scan_segments
 
 # Bits of `class_table()`: the classes in the low byte ...
 IN_UPPER = 1  # [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
@@ -84,6 +87,8 @@ def class_table() -> np.ndarray:
     table |= np.where(flags & (classes.LETTER | classes.NUMBER | classes.SPACE), 0,
                       OTHER).astype(np.uint16)
     table |= contraction_codes(CONTRACTION_LETTERS).astype(np.uint16) << CONTRACTION_SHIFT
+    check_ascii_entries(table, (IN_UPPER, IN_LOWER), NUMBER, SPACE, CONTRACTION_SHIFT,
+                        CONTRACTION_LETTERS)
     table.setflags(write=False)
     return table
 
@@ -234,8 +239,104 @@ def o200k_pretoken_end(buf, table, i, stop):
     return j  # 6d
 
 
+_MIN_ASCII = 4  # a block whose first n < 4 bytes are ASCII decides no start at bits 1..n - 3
+_HIGH = np.uint64(0x8080808080808080)
+# Byte values as np.uint64, not int literals: a literal argument compiles a callee once per value.
+_UPPER_A, _UPPER_Z = np.uint64(0x41), np.uint64(0x5A)
+_LOWER_A, _LOWER_Z = np.uint64(0x61), np.uint64(0x7A)
+_DIGIT_0, _DIGIT_9 = np.uint64(0x30), np.uint64(0x39)
+_TAB_BYTE, _LF_BYTE, _CR_BYTE = np.uint64(0x09), np.uint64(0x0A), np.uint64(0x0D)
+_BLANK_BYTE, _QUOTE_BYTE, _SLASH_BYTE = np.uint64(0x20), np.uint64(0x27), np.uint64(0x2F)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def o200k_block_boundaries(buf, table, p):
+    """Where pre-tokens start in buf[p + 1:p + 62], as bits 1..61 of a uint64, for a pre-token
+    starting at p; the caller ensures p + 64 <= stop. As `cl100k.cl100k_block_boundaries`, only
+    the starts that ASCII decides: with buf[p:p + n] ASCII, those at bits 1..n - 3 less those
+    inside a whitespace run that reaches bit n - 1; 0 if none is left.
+
+    In ASCII, UPPER is A-Z and LOWER a-z, so a word is a run of upper-case letters then one of
+    lower-case letters (W1, W3), and the rules become bit masks over the bytes (bit k for
+    buf[p + k]; L letters, N numbers, W whitespace other than \\r\\n, C \\r or \\n, O other,
+    B U+0020), the same as cl100k's (see there), with these differences:
+    - rule 5's tail `[\\r\\n/]*` is the rest of the run of C and `/` from the first C after
+      the others: no pre-token starts in it, one starts right after it, and its `/`s do not
+      count as O for what follows (so an O after the tail starts one, a lone O after it joins
+      the letters after it);
+    - a word also starts at an upper-case letter after a lower-case one;
+    - a contraction suffix right after a letter joins that word (no pre-token starts in it,
+      one starts after it) unless that letter ends a suffix itself; an apostrophe anywhere else
+      is an O like any other.
+    The suffix makes bit k depend on bytes up to k + 2, hence bits up to n - 3 only.
+    """
+    upper = np.uint64(0)
+    lower = np.uint64(0)
+    numbers = np.uint64(0)
+    whitespace = np.uint64(0)
+    blanks = np.uint64(0)  # U+0020 only
+    newlines = np.uint64(0)  # \r and \n
+    slashes = np.uint64(0)
+    apostrophes = np.uint64(0)
+    n = np.int64(64)  # bytes buf[p:p + n] are ASCII
+    for k in range(8):  # eight bytes at a time, no branches (SWAR)
+        x = _load8(buf, p + 8 * k)
+        high = x & _HIGH
+        if high:  # ASCII ends at byte n: what it is and what follows decide nothing before n - 2
+            n = 8 * k + np.int64(trailing_zeros(high) >> np.uint64(3))
+            if n < _MIN_ASCII:
+                return np.uint64(0)  # the caller scans one pre-token at a time
+            x &= (np.uint64(1) << np.uint64(8 * (n - 8 * k))) - np.uint64(1)  # NULs, "other"
+        shift = np.uint64(8 * k)
+        upper |= _bits(_in_range(x, _UPPER_A, _UPPER_Z)) << shift
+        lower |= _bits(_in_range(x, _LOWER_A, _LOWER_Z)) << shift
+        numbers |= _bits(_in_range(x, _DIGIT_0, _DIGIT_9)) << shift
+        blank = _in_range(x, _BLANK_BYTE, _BLANK_BYTE)
+        whitespace |= _bits(_in_range(x, _TAB_BYTE, _CR_BYTE) | blank) << shift
+        blanks |= _bits(blank) << shift
+        newline = _in_range(x, _LF_BYTE, _LF_BYTE) | _in_range(x, _CR_BYTE, _CR_BYTE)
+        newlines |= _bits(newline) << shift
+        slashes |= _bits(_in_range(x, _SLASH_BYTE, _SLASH_BYTE)) << shift
+        apostrophes |= _bits(_in_range(x, _QUOTE_BYTE, _QUOTE_BYTE)) << shift
+        if high:
+            break  # the bytes from n on stay "other" (no class bit)
+    one = np.uint64(1)
+    two = np.uint64(2)
+    decidable = (one << np.uint64(n - 2)) - one  # bits 0..n - 3
+    letters = upper | lower
+    others = ~(letters | numbers | whitespace)
+    spaces = whitespace & ~newlines
+    # Rule 5's `[\r\n/]*`: from the first newline after others on, and where it ends.
+    taken, after_taken = _runs_after(newlines | slashes, newlines & (others << one))
+    others_run = others & ~taken  # the others that rule 5's `[^\s\p{L}\p{N}]+` may take
+    lone_other = (others_run << one) & ~(others_run << two) & ~(blanks << two)
+    starts = (one
+              | (letters & ~(letters << one) & ~(spaces << one) & ~lone_other)
+              | (upper & (lower << one))
+              | _digit_starts(numbers)
+              | (others & ~(others_run << one) & ~(blanks << one))
+              | (newlines & ~(whitespace << one) & ~(others << one))
+              | (spaces & (~(whitespace << one) | ~(whitespace >> one)))
+              | _after_newline_starts(spaces, newlines, after_taken))
+    starts = (starts & ~taken) | after_taken
+    candidates = apostrophes & (letters << one) & decidable
+    suffix_end = np.uint64(64)
+    while candidates:  # a contraction suffix after a word
+        k = np.uint64(trailing_zeros(candidates))
+        candidates &= candidates - one
+        if k == suffix_end:
+            continue  # the letter before ends a suffix, not a word
+        length = np.uint64(_suffix_length(buf, p + np.int64(k)))
+        if length:
+            starts &= ~(((one << length) - one) << k)
+            suffix_end = k + length
+            if suffix_end < np.uint64(64):
+                starts |= one << suffix_end
+    return _before_trailing_whitespace(starts, whitespace, n) & decidable & ~one
+
+
 @njit(cache=True, nogil=True)
 def o200k_spans(buf, table, seg_starts, seg_ends, starts, ends):
-    """`spans.scan_segments` with the o200k scanner (no block scanner yet)."""
-    return scan_segments(o200k_pretoken_end, no_blocks, buf, table, seg_starts, seg_ends,
-                         starts, ends)
+    """`spans.scan_segments` with the o200k scanners."""
+    return scan_segments(o200k_pretoken_end, o200k_block_boundaries, buf, table, seg_starts,
+                         seg_ends, starts, ends)

@@ -4,7 +4,7 @@ and encoding kernels consume), or all of them as spans (what the tests compare w
 A family has a scanner, `end = scanner(buf, table, i, stop)`, and optionally a block scanner,
 `bits = block_scanner(buf, table, i)`, which cuts the 64 bytes from a pre-token start at once
 (bit k set: a pre-token starts at i + k, for k in 1..61) or returns 0 where it cannot (e.g. not
-ASCII); `no_blocks` stands in for a family without one. The functions taking scanners are
+ASCII). The functions taking scanners are
 inlined (at Numba IR level) into each family's own kernels: the scanner arguments are then
 constants the compiled code never needs, so those kernels can be cached (a dispatcher passed
 at run time would be a process-specific address, which Numba refuses to cache).
@@ -18,12 +18,6 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 
 BLOCK = 64  # bytes a block scanner looks at
 WINDOW = 256  # pre-tokens found per `scan_window` call
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def no_blocks(buf, table, p):
-    """The block scanner of a family that has none: never a block."""
-    return np.uint64(0)
 
 
 @njit(inline="always")
