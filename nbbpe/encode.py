@@ -55,6 +55,7 @@ from .encode_tables import (
     prefetch,
     store,
 )
+from .kernel_cache import entry_point
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
 from .scanners.o200k import o200k_block_boundaries, o200k_pretoken_end
@@ -753,21 +754,38 @@ def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> 
 
 
 def run_encoder(kernel, buf, table, doc_ends, separator, specials: Specials, ranks: Ranks,
-                vocab: Table, state: ThreadState, doc_out_ends=None, dtype=np.int32):
+                vocab: Table, state: ThreadState, doc_out_ends=None, dtype=np.int32,
+                entries: dict | None = None):
     """All ids (as `dtype`) of the documents of `buf` (UTF-8, validated) with `kernel`, merging
     the long pre-tokens it stops at; `doc_out_ends`, if given, receives where each document's
-    ids end."""
+    ids end.
+
+    `entries`, if given, keeps the kernel's entry points (`kernel_cache.entry_point`) for the
+    caller's tables: buf (uint8), doc_ends and doc_out_ends (int64) must then be C-contiguous
+    and aligned, and `table`, `specials`, `ranks` and `vocab` the same objects on every call.
+    The types that can still differ between calls are in the key."""
     n_docs = len(doc_ends)
     if doc_out_ends is None:
         doc_out_ends = np.empty(n_docs, dtype=np.int64)
     # At most one id per byte, plus the separators.
     out = state.output(len(buf) + (n_docs if separator >= 0 else 0) + 1)
+    call = kernel
+    key = None
+    if entries is not None:
+        key = (buf.flags.writeable, doc_ends.flags.writeable, doc_out_ends.flags.writeable,
+               state.cache.table.learns)
+        call = entries.get(key)
     parts = []
     total = 0
     doc = i = 0
     while True:
-        w, doc, i, need = kernel(buf, table, doc_ends, separator, specials, ranks, vocab,
-                                 state.cache.table, state.scratch, out, doc_out_ends, total, doc, i)
+        args = (buf, table, doc_ends, separator, specials, ranks, vocab, state.cache.table,
+                state.scratch, out, doc_out_ends, total, doc, i)
+        if call is None:  # the first call for these types: through the dispatcher
+            w, doc, i, need = kernel(*args)
+            call = entries[key] = entry_point(kernel, args)
+        else:
+            w, doc, i, need = call(*args)
         parts.append(out[:w].astype(dtype))
         total += w
         if doc == n_docs:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain, islice
 from typing import NamedTuple
@@ -416,7 +416,7 @@ class Tokenizer:
         """uint16 when every id fits (at most 65,536 ids), else uint32; or `dtype`, checked."""
         largest = self._max_id
         if dtype is None:
-            return np.dtype(np.uint16 if largest <= np.iinfo(np.uint16).max else np.uint32)
+            return _UINT16 if largest <= 0xFFFF else _UINT32
         try:
             dtype = np.dtype(dtype)
         except TypeError:
@@ -436,9 +436,14 @@ class Tokenizer:
         """(ids as `dtype`, where each document's ids end) of UTF-8 bytes `data` (valid UTF-8:
         the caller checks), whose documents end at `doc_ends` (default: one document); each is a
         text of its own, followed by `separator`'s id if given. For the compiled patterns."""
-        buf = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+        if isinstance(data, np.ndarray):
+            buf = np.require(data, np.uint8, "CA")
+        else:
+            buf = np.frombuffer(data, dtype=np.uint8)
         if doc_ends is None:
             doc_ends = np.array([len(buf)], dtype=np.int64)
+        else:
+            doc_ends = np.require(doc_ends, np.int64, "CA")
         engine = self._get_engine()
         doc_out_ends = np.empty(len(doc_ends), dtype=np.int64)
         ids = engine.run(buf, doc_ends, -1 if separator is None else separator,
@@ -664,6 +669,8 @@ class _Engine(NamedTuple):
     specials: object  # encode.Specials
     class_table: np.ndarray | None
     kernel: object  # the family's encode kernel, or None for the regex path
+    entries: dict  # the kernel's entry points (see `encode.run_encoder`)
+    run_encoder: Callable  # encode.run_encoder (no import per call)
 
     @classmethod
     def build(cls, tokenizer: Tokenizer) -> _Engine:
@@ -693,14 +700,14 @@ class _Engine(NamedTuple):
             vocab_table = encode.build_vocab_table(t._token_bytes, t._token_offsets,
                                                    token_ids[regular], ranks)
         if kernel is None:
-            return cls(ranks, vocab_table, specials, None, None)
-        return cls(ranks, vocab_table, specials, encode.encoder_for(t._family, mode)[0], kernel)
+            return cls(ranks, vocab_table, specials, None, None, {}, encode.run_encoder)
+        return cls(ranks, vocab_table, specials, encode.encoder_for(t._family, mode)[0], kernel,
+                   {}, encode.run_encoder)
 
     def run(self, buf, doc_ends, separator, state, doc_out_ends, dtype=np.int32):
-        from .encode import run_encoder
-
-        return run_encoder(self.kernel, buf, self.class_table, doc_ends, separator, self.specials,
-                           self.ranks, self.vocab_table, state, doc_out_ends, dtype)
+        return self.run_encoder(self.kernel, buf, self.class_table, doc_ends, separator,
+                                self.specials, self.ranks, self.vocab_table, state, doc_out_ends,
+                                dtype, self.entries)
 
     def run_pieces(self, data, offsets, special_slots, special_ids, state):
         from .encode import run_piece_encoder
@@ -763,6 +770,9 @@ def _options(options: dict) -> dict:
     if unknown:
         raise TypeError(f"unexpected option(s): {', '.join(sorted(unknown))}")
     return {**known, **options}
+
+
+_UINT16, _UINT32 = np.dtype(np.uint16), np.dtype(np.uint32)
 
 
 def _check_text(text, method: str) -> str:

@@ -338,6 +338,21 @@ def test_encode_to_numpy(gpt2):
     assert np.concatenate(arrays).tolist() == ids
 
 
+def test_encode_utf8_takes_bytes_and_arrays_of_any_writability_and_index_type(gpt2):
+    # The kernel is called through entry points keyed by the argument types: each kind of
+    # buffer and document-end array must still reach a matching one.
+    texts = [read("german.txt"), read("address.txt"), "", "Hello<|endoftext|>world"]
+    data = "".join(texts).encode("utf-8")
+    ends = np.cumsum([len(t.encode("utf-8")) for t in texts])
+    expected = [gpt2.encode(t) for t in texts]
+    writable = np.frombuffer(data, np.uint8).copy()
+    unaligned = np.frombuffer(b"\0" + ends.astype(np.int64).tobytes(), np.int64, offset=1)
+    for buf in (data, np.frombuffer(data, np.uint8), writable, writable[::-1].copy()[::-1]):
+        for doc_ends in (ends, ends.astype(np.int32), ends.astype(np.uint64), unaligned):
+            ids, doc_out_ends = gpt2.encode_utf8(buf, doc_ends)
+            bounds = [0, *doc_out_ends.tolist()]
+            assert [ids[a:b].tolist() for a, b in zip(bounds, bounds[1:])] == expected
+
 def test_a_tiny_cache_is_emptied_and_gives_the_same_ids(gpt2, gpt2_files):
     tokenizer = Tokenizer(*gpt2_files, [EOT], cache_size=3)
     uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)
