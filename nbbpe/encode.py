@@ -734,6 +734,8 @@ class ThreadState:
         self.cache = ThreadCache(vocab, cache_size)
         self.scratch = new_scratch()
         self.out = np.empty(0, dtype=np.int32)  # the kernels' output, reused: no page faults
+        self.doc_end = np.empty(1, dtype=np.int64)  # for one text at a time
+        self.doc_out_end = np.empty(1, dtype=np.int64)
 
     def output(self, items: int) -> np.ndarray:
         """The output buffer, with room for `items` ids (at most `_OUT_ITEMS`: the kernels
@@ -753,50 +755,66 @@ def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> 
     return out[: encode_long_piece(buf, start, start + length, ranks, vocab, out)]
 
 
-def run_encoder(kernel, buf, table, doc_ends, separator, specials: Specials, ranks: Ranks,
-                vocab: Table, state: ThreadState, doc_out_ends=None, dtype=np.int32,
-                entries: dict | None = None):
-    """All ids (as `dtype`) of the documents of `buf` (UTF-8, validated) with `kernel`, merging
-    the long pre-tokens it stops at; `doc_out_ends`, if given, receives where each document's
-    ids end.
+class DocumentEncoder:
+    """A family's encode kernel bound to one tokenizer's tables, called from Python.
 
-    `entries`, if given, keeps the kernel's entry points (`kernel_cache.entry_point`) for the
-    caller's tables: buf (uint8), doc_ends and doc_out_ends (int64) must then be C-contiguous
-    and aligned, and `table`, `specials`, `ranks` and `vocab` the same objects on every call.
-    The types that can still differ between calls are in the key."""
-    n_docs = len(doc_ends)
-    if doc_out_ends is None:
-        doc_out_ends = np.empty(n_docs, dtype=np.int64)
-    # At most one id per byte, plus the separators.
-    out = state.output(len(buf) + (n_docs if separator >= 0 else 0) + 1)
-    call = kernel
-    key = None
-    if entries is not None:
-        key = (buf.flags.writeable, doc_ends.flags.writeable, doc_out_ends.flags.writeable,
-               state.cache.table.learns)
-        call = entries.get(key)
-    parts = []
-    total = 0
-    doc = i = 0
-    while True:
-        args = (buf, table, doc_ends, separator, specials, ranks, vocab, state.cache.table,
-                state.scratch, out, doc_out_ends, total, doc, i)
-        if call is None:  # the first call for these types: through the dispatcher
-            w, doc, i, need = kernel(*args)
-            call = entries[key] = entry_point(kernel, args)
-        else:
-            w, doc, i, need = call(*args)
-        parts.append(out[:w].astype(dtype))
-        total += w
-        if doc == n_docs:
-            break
-        if need > 0:
-            parts.append(long_piece_ids(buf, i, need, ranks, vocab).astype(dtype))
-            total += len(parts[-1])
-            i += need
-        elif need < 0:
-            state.cache.make_room()
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    The kernel is called at its compiled entry point (`kernel_cache.entry_point`), found on the
+    first call of each combination of argument types; the arrays passed to `encode` must
+    therefore be C-contiguous and aligned (uint8 data, int64 document ends), and only their
+    writability may differ between calls (it is part of the key)."""
+
+    def __init__(self, kernel, class_table, specials: Specials, ranks: Ranks, vocab: Table):
+        self.kernel = kernel
+        self.tables = (class_table, specials, ranks, vocab)
+        self._entries: dict = {}
+
+    def encode_text(self, data: bytes, state: ThreadState, dtype) -> np.ndarray:
+        """The ids (as `dtype`) of one document, UTF-8 `data` (valid): the short path, for
+        texts encoded one at a time."""
+        state.doc_end[0] = len(data)
+        return self._run(np.frombuffer(data, dtype=np.uint8), state.doc_end, -1, state,
+                         state.doc_out_end, dtype, "text")
+
+    def encode(self, buf, doc_ends, separator: int, state: ThreadState, doc_out_ends,
+               dtype) -> np.ndarray:
+        """All ids (as `dtype`) of the documents of `buf` (UTF-8, validated), document d ending
+        at doc_ends[d], each followed by `separator` unless it is negative; `doc_out_ends`
+        receives where each document's ids end."""
+        key = (buf.flags.writeable, doc_ends.flags.writeable, doc_out_ends.flags.writeable)
+        return self._run(buf, doc_ends, separator, state, doc_out_ends, dtype, key)
+
+    def _run(self, buf, doc_ends, separator, state, doc_out_ends, dtype, key):
+        """Call the kernel until every document is done, merging the long pre-tokens it stops
+        at and letting the cache grow when it asks."""
+        table, specials, ranks, vocab = self.tables
+        n_docs = len(doc_ends)
+        # At most one id per byte, plus the separators.
+        out = state.output(len(buf) + (n_docs if separator >= 0 else 0) + 1)
+        key = (key, state.cache.table.learns)
+        call = self._entries.get(key)
+        parts = []
+        total = 0
+        doc = i = 0
+        while True:
+            args = (buf, table, doc_ends, separator, specials, ranks, vocab, state.cache.table,
+                    state.scratch, out, doc_out_ends, total, doc, i)
+            if call is None:  # the first call for these types: through the dispatcher
+                w, doc, i, need = self.kernel(*args)
+                call = self._entries[key] = entry_point(self.kernel, args)
+            else:
+                w, doc, i, need = call(*args)
+            if doc == n_docs and not parts:  # the common case: one call did it all
+                return out[:w].astype(dtype)
+            parts.append(out[:w].astype(dtype))
+            total += w
+            if doc == n_docs:
+                return np.concatenate(parts)
+            if need > 0:
+                parts.append(long_piece_ids(buf, i, need, ranks, vocab).astype(dtype))
+                total += len(parts[-1])
+                i += need
+            elif need < 0:
+                state.cache.make_room()
 
 
 def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks: Ranks,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain, islice
 from typing import NamedTuple
@@ -66,6 +66,7 @@ _MAX_ID = (1 << 31) - 1  # ids are int32 in the kernels
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
 _NO_IDS = np.zeros(0, dtype=np.int32)
 _SMALL_BATCH_BYTES = 1 << 16  # below this a batch is not worth a second thread
+_GROUPS_PER_THREAD = 4
 
 # Where a block may end: between a pre-token and a following whitespace character. With GPT-2's
 # pattern a non-space character followed by a space always ends a pre-token, and the matches
@@ -331,7 +332,7 @@ class Tokenizer:
         dtype = self.id_dtype(dtype)
         text = _check_text(text, "encode_to_numpy")
         if self._family is not None:
-            return self.encode_utf8(_utf8(text), dtype=dtype)[0]
+            return self._encode_utf8_text(_utf8(text), dtype)
         return self._encode_text(text).astype(dtype)
 
     def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[list[int]]:
@@ -354,11 +355,13 @@ class Tokenizer:
         texts = list(texts)
         for k, text in enumerate(texts):
             _check_text(text, f"encode_batch: text {k}")
-        groups = _split_evenly(texts, _thread_count(num_threads, texts))
-        if len(groups) == 1:
+        threads = _thread_count(num_threads, texts)
+        if threads == 1:
             parts = [self._encode_group(texts)]
         else:
-            parts = list(_thread_pool(len(groups)).map(self._encode_group, groups))
+            # A few groups per thread, taken in turn: a thread that drew easy text takes more.
+            groups = _split_evenly(texts, min(len(texts), _GROUPS_PER_THREAD * threads))
+            parts = list(_thread_pool(threads).map(self._encode_group, groups))
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
         k = 0
         total = 0
@@ -444,11 +447,18 @@ class Tokenizer:
             doc_ends = np.array([len(buf)], dtype=np.int64)
         else:
             doc_ends = np.require(doc_ends, np.int64, "CA")
-        engine = self._get_engine()
         doc_out_ends = np.empty(len(doc_ends), dtype=np.int64)
-        ids = engine.run(buf, doc_ends, -1 if separator is None else separator,
-                         self._thread_state(), doc_out_ends, dtype)
+        ids = self._get_engine().documents.encode(buf, doc_ends,
+                                                  -1 if separator is None else separator,
+                                                  self._thread_state(), doc_out_ends, dtype)
         return ids, doc_out_ends
+
+    def _encode_utf8_text(self, data: bytes, dtype=np.int32) -> np.ndarray:
+        """The ids of one text, UTF-8 `data`, with the compiled pattern: the short path (a few
+        microseconds of Python per call)."""
+        engine = self._engine or self._get_engine()
+        state = getattr(self._threads, "state", None) or self._thread_state()
+        return engine.documents.encode_text(data, state, dtype)
 
     def _encode_group(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(int32 ids, where each text's ids end) of `texts`, in this thread."""
@@ -463,7 +473,7 @@ class Tokenizer:
     def _encode_text(self, text: str) -> np.ndarray:
         """int32 ids of `text`."""
         if self._family is not None:
-            return self.encode_utf8(_utf8(text))[0]
+            return self._encode_utf8_text(_utf8(text))
         if not text.isascii():  # before any cut: a special token may hold U+FFFD
             text = _replace_lone_surrogates(text)
         block = self._block_chars
@@ -667,10 +677,7 @@ class _Engine(NamedTuple):
     ranks: object  # encode.Ranks
     vocab_table: object  # encode.Table
     specials: object  # encode.Specials
-    class_table: np.ndarray | None
-    kernel: object  # the family's encode kernel, or None for the regex path
-    entries: dict  # the kernel's entry points (see `encode.run_encoder`)
-    run_encoder: Callable  # encode.run_encoder (no import per call)
+    documents: object  # encode.DocumentEncoder of the family's kernel, or None for the regex path
 
     @classmethod
     def build(cls, tokenizer: Tokenizer) -> _Engine:
@@ -699,15 +706,11 @@ class _Engine(NamedTuple):
                                                  token_ids[regular], t._byte_ids, t.n_vocab)
             vocab_table = encode.build_vocab_table(t._token_bytes, t._token_offsets,
                                                    token_ids[regular], ranks)
-        if kernel is None:
-            return cls(ranks, vocab_table, specials, None, None, {}, encode.run_encoder)
-        return cls(ranks, vocab_table, specials, encode.encoder_for(t._family, mode)[0], kernel,
-                   {}, encode.run_encoder)
-
-    def run(self, buf, doc_ends, separator, state, doc_out_ends, dtype=np.int32):
-        return self.run_encoder(self.kernel, buf, self.class_table, doc_ends, separator,
-                                self.specials, self.ranks, self.vocab_table, state, doc_out_ends,
-                                dtype, self.entries)
+        documents = None
+        if kernel is not None:
+            class_table = encode.encoder_for(t._family, mode)[0]
+            documents = encode.DocumentEncoder(kernel, class_table, specials, ranks, vocab_table)
+        return cls(ranks, vocab_table, specials, documents)
 
     def run_pieces(self, data, offsets, special_slots, special_ids, state):
         from .encode import run_piece_encoder
@@ -809,20 +812,20 @@ def _thread_count(num_threads: int | None, texts: list[str]) -> int:
     return max(1, min(num_threads, len(texts), size // _SMALL_BATCH_BYTES + 1))
 
 
-_pool: ThreadPoolExecutor | None = None
+_pools: dict[int, ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()
 
 
 def _thread_pool(threads: int) -> ThreadPoolExecutor:
-    """Worker threads for batches, kept for the process: a thread's cache of encoded pre-tokens
-    (one per tokenizer) lives as long as the thread, so batch after batch finds it warm."""
-    global _pool
+    """`threads` worker threads for batches, kept for the process: a thread's cache of encoded
+    pre-tokens (one per tokenizer) lives as long as the thread, so batch after batch finds it
+    warm, and no more threads than asked for means no more caches to warm."""
     with _pool_lock:
-        if _pool is None or _pool._max_workers < threads:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool = ThreadPoolExecutor(threads, thread_name_prefix="nbbpe-encode")
-        return _pool
+        pool = _pools.get(threads)
+        if pool is None:
+            pool = _pools[threads] = ThreadPoolExecutor(threads,
+                                                        thread_name_prefix="nbbpe-encode")
+        return pool
 
 
 def _split_evenly(texts: list[str], parts: int) -> list[list[str]]:
