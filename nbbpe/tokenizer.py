@@ -184,6 +184,7 @@ class Tokenizer:
         self.pattern = pattern
         self.n_vocab = next_id
         self._max_id = next_id - 1
+        self._default_dtype = _UINT16 if self._max_id <= 0xFFFF else _UINT32
         self._byte_ids = np.array([ids[bytes([b])] for b in range(256)], dtype=np.int32)
         self._family = None if pretokenizer == "regex" else family
         self._cache_size = cache_size
@@ -329,8 +330,9 @@ class Tokenizer:
     def encode_to_numpy(self, text: str, dtype=None) -> np.ndarray:
         """The token ids of `text` as an array of `dtype` (default: uint16 if every id fits,
         else uint32)."""
-        dtype = self.id_dtype(dtype)
-        text = _check_text(text, "encode_to_numpy")
+        dtype = self._default_dtype if dtype is None else self.id_dtype(dtype)
+        if type(text) is not str:
+            text = _check_text(text, "encode_to_numpy")
         if self._family is not None:
             return self._encode_utf8_text(_utf8(text), dtype)
         return self._encode_text(text).astype(dtype)
@@ -419,7 +421,7 @@ class Tokenizer:
         """uint16 when every id fits (at most 65,536 ids), else uint32; or `dtype`, checked."""
         largest = self._max_id
         if dtype is None:
-            return _UINT16 if largest <= 0xFFFF else _UINT32
+            return self._default_dtype
         try:
             dtype = np.dtype(dtype)
         except TypeError:
@@ -457,7 +459,10 @@ class Tokenizer:
         """The ids of one text, UTF-8 `data`, with the compiled pattern: the short path (a few
         microseconds of Python per call)."""
         engine = self._engine or self._get_engine()
-        state = getattr(self._threads, "state", None) or self._thread_state()
+        try:
+            state = self._threads.state
+        except AttributeError:  # this thread's first encode
+            state = self._thread_state()
         return engine.documents.encode_text(data, state, dtype)
 
     def _encode_group(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
