@@ -115,7 +115,9 @@ def test_corpus_without_special_tokens_is_still_split_and_parallel(tmp_path):
 
 
 TRICKY = ["a", "b", "A", "B", "aa", "ab", " ", "  ", "\n", "\t", "'s", "'", "é", "ü", "中", "文",
-          "🙂", "1", "23", ".", "!", "\u00a0", "\u2028", "\r\n", "<|endoftext|>"]
+          "🙂", "1", "23", ".", "!", "\u00a0", "\u2028", "\r\n", "<|endoftext|>",
+          "'S", "'ll", "ǅ", "\u0301", "1234", "/", "\r"]  # cl100k's and o200k's corners
+BUILT_IN_PATTERNS = [nbbpe.GPT2_PATTERN, nbbpe.CL100K_PATTERN, nbbpe.O200K_PATTERN]
 
 
 @settings(max_examples=80)
@@ -125,24 +127,32 @@ TRICKY = ["a", "b", "A", "B", "aa", "ab", " ", "  ", "\n", "\t", "'s", "'", "é"
     workers=st.sampled_from([1, 2]),
     chunk_bytes=st.sampled_from([7, 64, 1 << 20]),
     pretokenizer=st.sampled_from(["auto", "regex"]),
+    pattern=st.sampled_from(BUILT_IN_PATTERNS),
 )
 def test_fast_path_equals_reference_on_random_corpora(tmp_path_factory, pieces, extra, workers,
-                                                      chunk_bytes, pretokenizer):
+                                                      chunk_bytes, pretokenizer, pattern):
     text = "".join(pieces)
     path = write(tmp_path_factory.mktemp("c"), text)
     vocab_size = 257 + extra
     got = train_bpe(path, vocab_size, [EOT], num_workers=workers, chunk_bytes=chunk_bytes,
-                    pretokenizer=pretokenizer)
-    assert got == reference_train_bpe(text, vocab_size, [EOT])
+                    pretokenizer=pretokenizer, pattern=pattern)
+    assert got == reference_train_bpe(text, vocab_size, [EOT], pattern=pattern)
 
 
-def test_other_patterns_use_regex_and_match_the_reference(tmp_path):
-    from nbbpe import CL100K_PATTERN
-
-    text = (FIXTURES / "tinystories_sample.txt").read_text(encoding="utf-8") + " 12345 I'M DONE\r\n"
+@pytest.mark.parametrize("pattern", BUILT_IN_PATTERNS, ids=["gpt2", "cl100k", "o200k"])
+def test_each_built_in_pattern_trains_as_the_reference_on_real_text(tmp_path, pattern):
+    text = ((FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:20_000]
+            + (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:8_000]
+            + " 12345 I'M DONE\r\n")
     path = write(tmp_path, text)
-    expected = reference_train_bpe(text, 330, [EOT], pattern=CL100K_PATTERN)
-    assert train_bpe(path, 330, [EOT], pattern=CL100K_PATTERN, num_workers=2, chunk_bytes=300) == expected
+    expected = reference_train_bpe(text, 600, [EOT], pattern=pattern)
+    for pretokenizer in ("auto", "regex"):
+        assert train_bpe(path, 600, [EOT], pattern=pattern, pretokenizer=pretokenizer,
+                         num_workers=2, chunk_bytes=3000) == expected
+
+
+def test_unknown_pretokenizers_and_uncompiled_patterns_are_refused(tmp_path):
+    path = write(tmp_path, "some text")
     with pytest.raises(ValueError, match="no compiled pre-tokenizer implements this pattern"):
         train_bpe(path, 330, [EOT], pattern=r"\w+|\s+", pretokenizer="compiled")
     with pytest.raises(ValueError, match="pretokenizer must be"):
