@@ -747,6 +747,8 @@ class ThreadState:
 
 
 _OUT_ITEMS = 1 << 22  # ids per kernel call at most (16 MB)
+_UINT8 = np.dtype(np.uint8)
+_frombuffer = np.frombuffer
 
 
 def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> np.ndarray:
@@ -771,13 +773,15 @@ class DocumentEncoder:
     def encode_text(self, data: bytes, state: ThreadState, dtype) -> np.ndarray:
         """The ids (as `dtype`) of one document, UTF-8 `data` (valid): the short path, for
         texts encoded one at a time (about 1 µs of Python besides the kernel's own call)."""
-        buf = np.frombuffer(data, dtype=np.uint8)
+        buf = _frombuffer(data, _UINT8)  # positional dtype object: 0.4 µs, not 1 µs
         state.doc_end[0] = len(data)
         call = self._entries.get(("text", state.cache.table.learns))
         if call is None:
             return self._run(buf, state.doc_end, -1, state, state.doc_out_end, dtype, "text")
         table, specials, ranks, vocab = self.tables
-        out = state.output(len(data) + 1)
+        out = state.out
+        if len(out) <= len(data):
+            out = state.output(len(data) + 1)
         result = call(buf, table, state.doc_end, -1, specials, ranks, vocab, state.cache.table,
                       state.scratch, out, state.doc_out_end, 0, 0, 0)
         if result[1] == 1:  # the document is done
