@@ -41,6 +41,7 @@ import numpy as np
 from numba import njit
 
 from .encode_tables import (
+    CACHE_FIRST_ROOM,
     MAX_SHORT,
     Table,
     ThreadCache,
@@ -666,7 +667,8 @@ def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_
     lengths = token_offsets[token_ids + 1] - token_offsets[token_ids]
     longest = max(int(lengths.max(initial=2)), _HEAP_ABOVE)
     records = int(lengths[lengths > MAX_SHORT].sum()) + 4 * len(token_ids) + 64
-    table = new_table(len(token_ids) + 1, longest, records)
+    # Room for a thread cache's first entries too: copying it then makes that cache (`_copy`).
+    table = new_table(len(token_ids) + 1 + CACHE_FIRST_ROOM, longest, records)
     _fill_vocab_table(token_bytes, token_offsets, token_ids, ranks, table,
                       np.empty(_HEAP_ABOVE + 1, np.int64), np.empty(_HEAP_ABOVE, np.int32))
     return table

@@ -3,6 +3,7 @@ streaming against whole-text encoding, special tokens, decoding, and bad input."
 
 import io
 import itertools
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -361,6 +362,31 @@ def test_a_tiny_cache_is_emptied_and_gives_the_same_ids(gpt2, gpt2_files):
     assert tokenizer.encode(text) == expected
     assert tokenizer._thread_state().cache.table.fill[2] > 0  # started again many times
     assert uncached.encode(text) == expected
+
+
+def test_a_threads_cache_learns_without_touching_the_shared_vocab_table(gpt2_files):
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    tokenizer.encode("warm up")
+    vocab = tokenizer._get_engine().vocab_table
+    before = [a.copy() for a in (vocab.slots, vocab.records, vocab.fill)]
+    text = read("multi_sample.txt")[:20000]  # many pre-tokens the vocab does not hold
+    expected = Tokenizer(*gpt2_files, [EOT], cache_size=0).encode(text)
+    results = {}
+
+    def encode_in_thread(k):
+        results[k] = tokenizer.encode(text)
+
+    threads = [threading.Thread(target=encode_in_thread, args=(k,)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {0: expected, 1: expected}
+    assert tokenizer.encode(text) == expected
+    cache = tokenizer._thread_state().cache.table
+    assert cache.fill[1] > vocab.fill[1] and cache.slots is not vocab.slots
+    for a, b in zip(before, (vocab.slots, vocab.records, vocab.fill)):
+        assert np.array_equal(a, b)
 
 
 # --- decoding -------------------------------------------------------------------------------
