@@ -39,7 +39,7 @@ from numba import njit
 from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 from . import classes
-from .classes import char_flags, every_code_point
+from .classes import char_flags, entry_at, every_code_point, run_end
 from .gpt2 import _bits, _in_range
 from .spans import scan_segments
 
@@ -112,38 +112,6 @@ def check_ascii_entries(table, letter, number, space, shift, letters) -> None:
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _entry_at(buf, table, i):
-    """(table entry, length in bytes) of the character at buf[i] (valid UTF-8)."""
-    b = np.int64(buf[i])
-    if b < 0x80:
-        return table[b], 1
-    if b < 0xE0:
-        return table[((b & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F)], 2
-    if b < 0xF0:
-        return table[((b & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6)
-                     | (np.int64(buf[i + 2]) & 0x3F)], 3
-    return table[((b & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12)
-                 | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F)], 4
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def _run_end(buf, table, j, stop, bit):
-    """The end of the run of characters with `bit` set from buf[j] (ASCII without decoding)."""
-    while j < stop:
-        b = buf[j]
-        if b < 0x80:
-            if table[b] & bit == 0:
-                break
-            j += 1
-        else:
-            t, n = _entry_at(buf, table, j)
-            if t & bit == 0:
-                break
-            j += n
-    return j
-
-
-@njit(cache=True, nogil=True, _nrt=False)
 def _others_end(buf, table, j, stop):
     """Rule 5 from j: the rest of `[^\\s\\p{L}\\p{N}]++`, then `[\\r\\n]*+`."""
     while j < stop:
@@ -153,7 +121,7 @@ def _others_end(buf, table, j, stop):
                 break
             j += 1
         else:
-            t, n = _entry_at(buf, table, j)
+            t, n = entry_at(buf, table, j)
             if t & CLASS_BITS != 0:
                 break
             j += n
@@ -171,25 +139,25 @@ def cl100k_pretoken_end(buf, table, i, stop):
     `table` is `class_table()`."""
     b = buf[i]
     if b == _APOSTROPHE and i + 1 < stop:  # rule 1
-        t, n = _entry_at(buf, table, i + 1)
+        t, n = entry_at(buf, table, i + 1)
         first = t >> CONTRACTION_SHIFT
         j = i + 1 + n
         if first != 0 and first <= _T:  # s d m t
             return j
         if (first == _L or first == _V or first == _R) and j < stop:
-            t, n = _entry_at(buf, table, j)
+            t, n = entry_at(buf, table, j)
             second = t >> CONTRACTION_SHIFT
             if (first == _L and second == _L) or (first != _L and second == _E):
                 return j + n  # ll ve re
-    t, n = _entry_at(buf, table, i)
+    t, n = entry_at(buf, table, i)
     j = i + n
     if t & LETTER:  # rule 2
-        return _run_end(buf, table, j, stop, LETTER)
+        return run_end(buf, table, j, stop, LETTER)
     if t & NUMBER:  # rule 4
         for _ in range(2):
             if j >= stop:
                 break
-            u, m = _entry_at(buf, table, j)
+            u, m = entry_at(buf, table, j)
             if u & NUMBER == 0:
                 break
             j += m
@@ -198,9 +166,9 @@ def cl100k_pretoken_end(buf, table, i, stop):
     after = 0
     m = 0
     if j < stop:
-        after, m = _entry_at(buf, table, j)
+        after, m = entry_at(buf, table, j)
         if after & LETTER and b != _CR and b != _LF:  # rule 3
-            return _run_end(buf, table, j + m, stop, LETTER)
+            return run_end(buf, table, j + m, stop, LETTER)
     if t & SPACE == 0:  # rule 5, an other character
         return _others_end(buf, table, j, stop)
     if b == _SPACE_BYTE and j < stop and after & CLASS_BITS == 0:  # rule 5, a space first
@@ -218,7 +186,7 @@ def cl100k_pretoken_end(buf, table, i, stop):
             if b == _CR or b == _LF:
                 newline_end = j
         else:
-            u, m = _entry_at(buf, table, j)
+            u, m = entry_at(buf, table, j)
             if u & SPACE == 0:
                 break
             last = j

@@ -5,8 +5,8 @@ the supported patterns mention (`\\p{Lu}`/`\\p{Lt}`, `\\p{Ll}`, `\\p{Lm}`/`\\p{L
 `\\p{N}`, `\\s`). The table is derived by running the installed `regex` module's own classes over
 a string of every code point, so the scanners agree with `regex` by construction.
 
-Scanners read UTF-8 that `first_invalid_utf8` has already checked: `char_at` decodes one code
-point without validating it. ASCII never reaches the decoder.
+Scanners read UTF-8 that `first_invalid_utf8` has already checked: `entry_at` decodes one code
+point without validating it and looks it up in a scanner's table. ASCII never reaches the decoder.
 """
 
 from __future__ import annotations
@@ -68,29 +68,38 @@ def char_flags() -> np.ndarray:
     return flags
 
 
-@njit(cache=True, nogil=True)
-def char_at(buf, i):
-    """(code point, length in bytes) of the character starting at buf[i] (valid UTF-8)."""
+@njit(cache=True, nogil=True, _nrt=False)
+def entry_at(buf, table, i):
+    """(entry, length in bytes) of the character at buf[i] (valid UTF-8) in `table`, a scanner's
+    table indexed by code point (ASCII without decoding)."""
     b = np.int64(buf[i])
     if b < 0x80:
-        return b, 1
+        return table[b], 1
     if b < 0xE0:
-        return ((b & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F), 2
+        return table[((b & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F)], 2
     if b < 0xF0:
-        return (((b & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6)
-                | (np.int64(buf[i + 2]) & 0x3F)), 3
-    return (((b & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12)
-            | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F)), 4
+        return table[((b & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6)
+                     | (np.int64(buf[i + 2]) & 0x3F)], 3
+    return table[((b & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12)
+                 | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F)], 4
 
 
-@njit(cache=True, nogil=True)
-def flags_at(buf, flags, i):
-    """(flags, length in bytes) of the character starting at buf[i] (valid UTF-8)."""
-    b = buf[i]
-    if b < 0x80:
-        return flags[b], 1
-    cp, length = char_at(buf, i)
-    return flags[cp], length
+@njit(cache=True, nogil=True, _nrt=False)
+def run_end(buf, table, j, stop, bit):
+    """The end of the run of characters whose `table` entry has `bit` set, from buf[j] (ASCII
+    without decoding)."""
+    while j < stop:
+        b = buf[j]
+        if b < 0x80:
+            if table[b] & bit == 0:
+                break
+            j += 1
+        else:
+            t, n = entry_at(buf, table, j)
+            if t & bit == 0:
+                break
+            j += n
+    return j
 
 
 _HIGH_BITS = np.uint64(0x8080808080808080)

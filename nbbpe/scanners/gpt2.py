@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from .classes import LETTER, NUMBER, SPACE, char_flags
+from .classes import LETTER, NUMBER, SPACE, char_flags, entry_at
 from .spans import scan_segments
 
 OTHER_CLASS, LETTER_CLASS, NUMBER_CLASS, SPACE_CLASS = 0, 1, 2, 3
@@ -51,21 +51,6 @@ def class_table() -> np.ndarray:
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _class_at(buf, table, i):
-    """(class, length in bytes) of the character at buf[i] (valid UTF-8)."""
-    b = np.int64(buf[i])
-    if b < 0x80:
-        return table[b], 1
-    if b < 0xE0:
-        return table[((b & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F)], 2
-    if b < 0xF0:
-        return table[((b & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6)
-                     | (np.int64(buf[i + 2]) & 0x3F)], 3
-    return table[((b & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12)
-                 | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F)], 4
-
-
-@njit(cache=True, nogil=True, _nrt=False)
 def gpt2_pretoken_end(buf, table, i, stop):
     """The end of the pre-token starting at buf[i], in the text buf[:stop] (valid UTF-8);
     `table` is `class_table()`."""
@@ -78,10 +63,10 @@ def gpt2_pretoken_end(buf, table, i, stop):
             t = buf[i + 2]
             if (s == 108 and t == 108) or (s == 118 and t == 101) or (s == 114 and t == 101):
                 return i + 3  # ll ve re
-    c, n = _class_at(buf, table, i)
+    c, n = entry_at(buf, table, i)
     j = i + n
     if c == SPACE_CLASS and b == _SPACE_BYTE and j < stop:
-        after, n = _class_at(buf, table, j)
+        after, n = entry_at(buf, table, j)
         if after != SPACE_CLASS:  # ' ?\p{L}+' and the like: the space joins the run after it
             c = after
             j += n
@@ -93,14 +78,14 @@ def gpt2_pretoken_end(buf, table, i, stop):
                     break
                 j += 1
             else:
-                d, n = _class_at(buf, table, j)
+                d, n = entry_at(buf, table, j)
                 if d != c:
                     break
                 j += n
         return j
     last = i  # where the whitespace run's last character starts
     while j < stop:
-        d, n = _class_at(buf, table, j)
+        d, n = entry_at(buf, table, j)
         if d != SPACE_CLASS:
             break
         last = j

@@ -50,7 +50,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 from . import classes
 from .cl100k import (_after_newline_starts, _before_trailing_whitespace, _digit_starts, _load8,
                      _runs_after, _suffix_length, check_ascii_entries, contraction_codes)
-from .classes import char_flags
+from .classes import char_flags, entry_at, run_end
 from .gpt2 import _bits, _in_range
 from .spans import scan_segments
 
@@ -94,38 +94,6 @@ def class_table() -> np.ndarray:
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _entry_at(buf, table, i):
-    """(table entry, length in bytes) of the character at buf[i] (valid UTF-8)."""
-    b = np.int64(buf[i])
-    if b < 0x80:
-        return table[b], 1
-    if b < 0xE0:
-        return table[((b & 0x1F) << 6) | (np.int64(buf[i + 1]) & 0x3F)], 2
-    if b < 0xF0:
-        return table[((b & 0x0F) << 12) | ((np.int64(buf[i + 1]) & 0x3F) << 6)
-                     | (np.int64(buf[i + 2]) & 0x3F)], 3
-    return table[((b & 0x07) << 18) | ((np.int64(buf[i + 1]) & 0x3F) << 12)
-                 | ((np.int64(buf[i + 2]) & 0x3F) << 6) | (np.int64(buf[i + 3]) & 0x3F)], 4
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def _run_end(buf, table, j, stop, bit):
-    """The end of the run of characters with `bit` set from buf[j] (ASCII without decoding)."""
-    while j < stop:
-        b = buf[j]
-        if b < 0x80:
-            if table[b] & bit == 0:
-                break
-            j += 1
-        else:
-            t, n = _entry_at(buf, table, j)
-            if t & bit == 0:
-                break
-            j += n
-    return j
-
-
-@njit(cache=True, nogil=True, _nrt=False)
 def _word_end(buf, table, s, stop, upper_only):
     """The end of the word at s by W1, W2 or (if `upper_only`) W3; -1 if there is none."""
     j = s
@@ -138,14 +106,14 @@ def _word_end(buf, table, s, stop, upper_only):
             t = table[b]
             n = 1
         else:
-            t, n = _entry_at(buf, table, j)
+            t, n = entry_at(buf, table, j)
         if t & IN_UPPER == 0:
             break
         j += n
         if t & IN_LOWER:
             both_end = j
     if j < stop and t & IN_LOWER:  # W1 (t is the character after A)
-        return _run_end(buf, table, j + n, stop, IN_LOWER)
+        return run_end(buf, table, j + n, stop, IN_LOWER)
     if both_end >= 0:  # W2
         return both_end
     if upper_only and j > s:  # W3
@@ -156,7 +124,7 @@ def _word_end(buf, table, s, stop, upper_only):
 @njit(cache=True, nogil=True, _nrt=False)
 def _others_end(buf, table, j, stop):
     """Rule 5 from j: the rest of `[^\\s\\p{L}\\p{N}]+`, then `[\\r\\n/]*`."""
-    j = _run_end(buf, table, j, stop, OTHER)
+    j = run_end(buf, table, j, stop, OTHER)
     while j < stop and (buf[j] == _CR or buf[j] == _LF or buf[j] == _SLASH):
         j += 1
     return j
@@ -166,13 +134,13 @@ def _others_end(buf, table, j, stop):
 def _contraction_end(buf, table, j, stop):
     """j, or the end of `(?i:'s|'t|'re|'ve|'m|'ll|'d)` at j."""
     if j + 1 < stop and buf[j] == _APOSTROPHE:
-        t, n = _entry_at(buf, table, j + 1)
+        t, n = entry_at(buf, table, j + 1)
         first = t >> CONTRACTION_SHIFT
         k = j + 1 + n
         if first != 0 and first <= _D:  # s t m d
             return k
         if first != 0 and first <= _L and k < stop:  # r v l
-            t, n = _entry_at(buf, table, k)
+            t, n = entry_at(buf, table, k)
             second = t >> CONTRACTION_SHIFT
             if (first == _L and second == _L) or (first != _L and second == _E):
                 return k + n  # re ve ll
@@ -187,7 +155,7 @@ def o200k_pretoken_end(buf, table, i, stop):
     """The end of the pre-token starting at buf[i], in the text buf[:stop] (valid UTF-8);
     `table` is `class_table()`."""
     b = buf[i]
-    t, n = _entry_at(buf, table, i)
+    t, n = entry_at(buf, table, i)
     j = i + n
     if t & (IN_UPPER | IN_LOWER) and t & MARK == 0:  # rule 1
         return _contraction_end(buf, table, _word_end(buf, table, i, stop, True), stop)
@@ -201,7 +169,7 @@ def o200k_pretoken_end(buf, table, i, stop):
         for _ in range(2):
             if j >= stop:
                 break
-            u, m = _entry_at(buf, table, j)
+            u, m = entry_at(buf, table, j)
             if u & NUMBER == 0:
                 break
             j += m
@@ -209,7 +177,7 @@ def o200k_pretoken_end(buf, table, i, stop):
     if t & SPACE == 0:  # rule 5 (t is OTHER: no letter, mark, number or whitespace gets here)
         return _others_end(buf, table, j, stop)
     if b == _SPACE_BYTE and j < stop:  # rule 5, a space first (a mark after it went to rule 3)
-        u, m = _entry_at(buf, table, j)
+        u, m = entry_at(buf, table, j)
         if u & OTHER:
             return _others_end(buf, table, j + m, stop)
     # Rule 6: whitespace.
@@ -225,7 +193,7 @@ def o200k_pretoken_end(buf, table, i, stop):
             if b == _CR or b == _LF:
                 newline_end = j
         else:
-            u, m = _entry_at(buf, table, j)
+            u, m = entry_at(buf, table, j)
             if u & SPACE == 0:
                 break
             last = j
