@@ -66,7 +66,7 @@ _MAX_ID = (1 << 31) - 1  # ids are int32 in the kernels
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
 _NO_IDS = np.zeros(0, dtype=np.int32)
 _SMALL_BATCH_BYTES = 1 << 16  # below this a batch is not worth a second thread
-_GROUPS_PER_THREAD = 4
+_GROUPS_PER_THREAD = 16  # the last group leaves the other threads idle: keep groups small
 
 # Where a block may end: between a pre-token and a following whitespace character. With GPT-2's
 # pattern a non-space character followed by a space always ends a pre-token, and the matches
