@@ -4,8 +4,8 @@ The *vocab table*, built once per tokenizer and shared read-only by every thread
 token's own bytes with the ids they encode to: the common words (about 85% of the pre-tokens of
 web text are one token). Each thread encodes with its own *cache* (`ThreadCache`), which starts
 as a copy of the vocab table and remembers every other pre-token the thread encodes, growing
-(doubled, rehashed) up to `cache_size` of them; past that it starts again from the vocab table,
-so memory stays bounded. The lookup of any pre-token is one probe of one table.
+(4 times larger, rehashed) up to `cache_size` of them; past that it starts again from the vocab
+table, so memory stays bounded. The lookup of any pre-token is one probe of one table.
 
 A slot is four int64, `[k0, k1, meta, ext]`, so two share a 64-byte cache line:
 
@@ -83,7 +83,8 @@ class ThreadCache:
                      len(self.vocab.records) + 8 * min(self.limit, CACHE_FIRST_ROOM))
 
     def make_room(self) -> None:
-        """Called when the table `is_full`: double its room, up to the limit; then start again."""
+        """Called when the table `is_full`: quadruple its room (each growth rehashes it all),
+        up to the limit; then start again."""
         t = self.table
         learned = int(t.fill[1] - self.vocab.fill[1])
         if learned >= self.limit:
@@ -91,8 +92,8 @@ class ThreadCache:
             self.table = self._fresh()
             self.table.fill[2] = times + 1
             return
-        room = min(self.limit, 2 * max(learned, 1))
-        self.table = _copy(t, int(self.vocab.fill[1]) + room, 2 * len(t.records))
+        room = min(self.limit, 4 * max(learned, 1))
+        self.table = _copy(t, int(self.vocab.fill[1]) + room, 4 * len(t.records))
 
 
 def _copy(table: Table, max_entries: int, record_items: int) -> Table:
