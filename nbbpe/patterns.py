@@ -45,6 +45,17 @@ SCANNER_FAMILIES = {
 }
 
 
+def compile_pattern(pattern: str) -> regex.Pattern:
+    """`pattern` compiled, refusing capturing groups: pre-tokens are whole matches."""
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+    compiled = regex.compile(pattern)
+    if compiled.groups:
+        raise ValueError(f"pattern {pattern!r} has capturing groups; use (?:...) so that "
+                         "pre-tokens are whole matches")
+    return compiled
+
+
 def scanner_family(pattern: str) -> str | None:
     """The compiled scanner family ("gpt2", "cl100k", "o200k") for `pattern`, or None."""
     return SCANNER_FAMILIES.get(pattern)

@@ -17,11 +17,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
-import regex
 from tqdm import tqdm
 
 from .corpus import DEFAULT_CHUNK_BYTES, check_errors_policy
-from .patterns import GPT2_PATTERN, scanner_family, special_token_regex
+from .patterns import GPT2_PATTERN, compile_pattern, scanner_family, special_token_regex
 
 PRETOKENIZERS = ("auto", "compiled", "regex")
 
@@ -53,17 +52,6 @@ class PreTokenizer:
         for segment in self.segments(text):
             # concurrent=True: regex releases the GIL while matching, so threads run in parallel
             counts.update(self._compiled.findall(segment, concurrent=True))
-
-
-def compile_pattern(pattern: str) -> regex.Pattern:
-    """`pattern` compiled, refusing capturing groups: pre-tokens are whole matches."""
-    if not isinstance(pattern, str):
-        raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
-    compiled = regex.compile(pattern)
-    if compiled.groups:
-        raise ValueError(f"pattern {pattern!r} has capturing groups; use (?:...) so that "
-                         "pre-tokens are whole matches")
-    return compiled
 
 
 # --- counting pre-tokens ------------------------------------------------------------------------

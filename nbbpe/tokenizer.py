@@ -37,6 +37,7 @@ from .patterns import (
     GPT2_PATTERN,
     O200K_PATTERN,
     TIKTOKEN_GPT2_PATTERN,
+    compile_pattern,
     scanner_family,
     special_token_regex,
     validate_special_tokens,
@@ -126,12 +127,7 @@ class Tokenizer:
                special_ids: dict[str, int] | None, pattern, pretokenizer, cache_size, block_chars):
         """Check everything and lay out the model as arrays; `merges` None means RANKS order
         (ids are ranks); `special_ids`, if given, fixes the special tokens' ids."""
-        if not isinstance(pattern, str):
-            raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
-        compiled = regex.compile(pattern)
-        if compiled.groups:
-            raise ValueError(f"pattern {pattern!r} has capturing groups; use (?:...) so that "
-                             "findall returns whole matches")
+        compiled = compile_pattern(pattern)
         if pretokenizer not in PRETOKENIZERS:
             raise ValueError(f"pretokenizer must be one of {PRETOKENIZERS}, got {pretokenizer!r}")
         family = scanner_family(pattern)
