@@ -50,7 +50,6 @@ from .encode_tables import (
     home,
     is_full,
     key_of,
-    load8,
     lookup,
     new_table,
     prefetch,
@@ -58,6 +57,7 @@ from .encode_tables import (
 )
 from .kernel_cache import entry_point
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
+from .scanners.classes import load8
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
 from .scanners.o200k import o200k_block_boundaries, o200k_pretoken_end
 from .scanners.specials import Specials, next_special

@@ -33,6 +33,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .scanners.classes import load8
+
 MAX_SHORT = 16  # pre-tokens up to this many bytes are their own key
 LONG = np.int64(255)  # the length byte of a hashed key
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
@@ -110,15 +112,6 @@ def _copy(table: Table, max_entries: int, record_items: int) -> Table:
     bigger = new_table(max_entries, table.max_key_len, record_items)._replace(learns=True)
     _rehash(table, bigger)
     return bigger
-
-
-@njit(inline="always")
-def load8(buf, i):
-    """Bytes buf[i:i + 8] as a little-endian uint64 (one load: LLVM merges the byte loads)."""
-    return (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
-            | np.uint64(buf[i + 2]) << np.uint64(16) | np.uint64(buf[i + 3]) << np.uint64(24)
-            | np.uint64(buf[i + 4]) << np.uint64(32) | np.uint64(buf[i + 5]) << np.uint64(40)
-            | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
 
 
 @njit(cache=True, nogil=True, _nrt=False)

@@ -39,7 +39,7 @@ from numba import njit
 from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 from . import classes
-from .classes import char_flags, entry_at, every_code_point, run_end
+from .classes import char_flags, entry_at, every_code_point, load8, run_end
 from .gpt2 import _bits, _in_range
 from .spans import scan_segments
 
@@ -211,15 +211,6 @@ _BLANK_BYTE, _QUOTE_BYTE = np.uint64(0x20), np.uint64(0x27)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _load8(buf, q):
-    """buf[q:q + 8] as a little-endian uint64 (byte q in the low bits)."""
-    return (np.uint64(buf[q]) | np.uint64(buf[q + 1]) << np.uint64(8)
-            | np.uint64(buf[q + 2]) << np.uint64(16) | np.uint64(buf[q + 3]) << np.uint64(24)
-            | np.uint64(buf[q + 4]) << np.uint64(32) | np.uint64(buf[q + 5]) << np.uint64(40)
-            | np.uint64(buf[q + 6]) << np.uint64(48) | np.uint64(buf[q + 7]) << np.uint64(56))
-
-
-@njit(cache=True, nogil=True, _nrt=False)
 def _suffix_length(buf, q):
     """3 if buf[q:q + 3] is `'ll`, `'ve` or `'re`, 2 if buf[q:q + 2] is `'s`, `'d`, `'m` or `'t`
     (ASCII, either case; buf[q] is an apostrophe), else 0. Reads buf[q + 2] in every case."""
@@ -323,7 +314,7 @@ def cl100k_block_boundaries(buf, table, p):
     apostrophes = np.uint64(0)
     n = np.int64(64)  # bytes buf[p:p + n] are ASCII
     for k in range(8):  # eight bytes at a time, no branches (SWAR)
-        x = _load8(buf, p + 8 * k)
+        x = load8(buf, p + 8 * k)
         high = x & _HIGH
         if high:  # ASCII ends at byte n: what it is and what follows decide nothing before n - 2
             n = 8 * k + np.int64(trailing_zeros(high) >> np.uint64(3))

@@ -68,6 +68,15 @@ def char_flags() -> np.ndarray:
     return flags
 
 
+@njit(inline="always")
+def load8(buf, i):
+    """Bytes buf[i:i + 8] as a little-endian uint64 (one load: LLVM merges the byte loads)."""
+    return (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
+            | np.uint64(buf[i + 2]) << np.uint64(16) | np.uint64(buf[i + 3]) << np.uint64(24)
+            | np.uint64(buf[i + 4]) << np.uint64(32) | np.uint64(buf[i + 5]) << np.uint64(40)
+            | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
+
+
 @njit(cache=True, nogil=True, _nrt=False)
 def entry_at(buf, table, i):
     """(entry, length in bytes) of the character at buf[i] (valid UTF-8) in `table`, a scanner's

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from .classes import LETTER, NUMBER, SPACE, char_flags, entry_at
+from .classes import LETTER, NUMBER, SPACE, char_flags, entry_at, load8
 from .spans import scan_segments
 
 OTHER_CLASS, LETTER_CLASS, NUMBER_CLASS, SPACE_CLASS = 0, 1, 2, 3
@@ -148,11 +148,7 @@ def gpt2_block_boundaries(buf, table, p):
     blanks = np.uint64(0)  # U+0020 only
     apostrophes = np.uint64(0)
     for k in range(8):  # eight bytes at a time, no branches (SWAR)
-        q = p + 8 * k
-        x = (np.uint64(buf[q]) | np.uint64(buf[q + 1]) << np.uint64(8)
-             | np.uint64(buf[q + 2]) << np.uint64(16) | np.uint64(buf[q + 3]) << np.uint64(24)
-             | np.uint64(buf[q + 4]) << np.uint64(32) | np.uint64(buf[q + 5]) << np.uint64(40)
-             | np.uint64(buf[q + 6]) << np.uint64(48) | np.uint64(buf[q + 7]) << np.uint64(56))
+        x = load8(buf, p + 8 * k)
         if x & _HIGH:
             return np.uint64(0)  # not ASCII: the caller scans one pre-token at a time
         shift = np.uint64(8 * k)

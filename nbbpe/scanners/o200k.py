@@ -48,9 +48,9 @@ from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 from . import classes
-from .cl100k import (_after_newline_starts, _before_trailing_whitespace, _digit_starts, _load8,
+from .cl100k import (_after_newline_starts, _before_trailing_whitespace, _digit_starts,
                      _runs_after, _suffix_length, check_ascii_entries, contraction_codes)
-from .classes import char_flags, entry_at, run_end
+from .classes import char_flags, entry_at, load8, run_end
 from .gpt2 import _bits, _in_range
 from .spans import scan_segments
 
@@ -248,7 +248,7 @@ def o200k_block_boundaries(buf, table, p):
     apostrophes = np.uint64(0)
     n = np.int64(64)  # bytes buf[p:p + n] are ASCII
     for k in range(8):  # eight bytes at a time, no branches (SWAR)
-        x = _load8(buf, p + 8 * k)
+        x = load8(buf, p + 8 * k)
         high = x & _HIGH
         if high:  # ASCII ends at byte n: what it is and what follows decide nothing before n - 2
             n = 8 * k + np.int64(trailing_zeros(high) >> np.uint64(3))
