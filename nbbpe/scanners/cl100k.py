@@ -134,6 +134,32 @@ def _others_end(buf, table, j, stop):
 # every pre-token, because the inlined helpers copy them; that halves the speed. The scanner
 # never allocates, so it needs no reference counting.
 @njit(cache=True, nogil=True, _nrt=False)
+def whitespace_run(buf, table, i, j, stop, space):
+    """The whitespace run of cl100k's and o200k's last rules, whose first character is buf[i:j]
+    (`table` entries with bit `space` are whitespace): (its end, where its last character starts,
+    the end of its last \\r or \\n or -1)."""
+    b = buf[i]
+    last = i
+    newline_end = j if b == _CR or b == _LF else -1
+    while j < stop:
+        b = buf[j]
+        if b < 0x80:
+            if table[b] & space == 0:
+                break
+            last = j
+            j += 1
+            if b == _CR or b == _LF:
+                newline_end = j
+        else:
+            u, m = entry_at(buf, table, j)
+            if u & space == 0:
+                break
+            last = j
+            j += m
+    return j, last, newline_end
+
+
+@njit(cache=True, nogil=True, _nrt=False)
 def cl100k_pretoken_end(buf, table, i, stop):
     """The end of the pre-token starting at buf[i], in the text buf[:stop] (valid UTF-8);
     `table` is `class_table()`."""
@@ -174,23 +200,7 @@ def cl100k_pretoken_end(buf, table, i, stop):
     if b == _SPACE_BYTE and j < stop and after & CLASS_BITS == 0:  # rule 5, a space first
         return _others_end(buf, table, j + m, stop)
     # Rule 6: whitespace.
-    last = i  # where the run's last character starts
-    newline_end = j if b == _CR or b == _LF else -1  # the end of its last \r or \n
-    while j < stop:
-        b = buf[j]
-        if b < 0x80:
-            if table[b] & SPACE == 0:
-                break
-            last = j
-            j += 1
-            if b == _CR or b == _LF:
-                newline_end = j
-        else:
-            u, m = entry_at(buf, table, j)
-            if u & SPACE == 0:
-                break
-            last = j
-            j += m
+    j, last, newline_end = whitespace_run(buf, table, i, j, stop, SPACE)
     if j == stop:
         return j  # 6a
     if newline_end >= 0:

@@ -49,7 +49,8 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 
 from . import classes
 from .cl100k import (_after_newline_starts, _before_trailing_whitespace, _digit_starts,
-                     _runs_after, _suffix_length, check_ascii_entries, contraction_codes)
+                     _runs_after, _suffix_length, check_ascii_entries, contraction_codes,
+                     whitespace_run)
 from .classes import char_flags, entry_at, load8, run_end
 from .gpt2 import _bits, _in_range
 from .spans import scan_segments
@@ -181,23 +182,7 @@ def o200k_pretoken_end(buf, table, i, stop):
         if u & OTHER:
             return _others_end(buf, table, j + m, stop)
     # Rule 6: whitespace.
-    last = i  # where the run's last character starts
-    newline_end = j if b == _CR or b == _LF else -1  # the end of its last \r or \n
-    while j < stop:
-        b = buf[j]
-        if b < 0x80:
-            if table[b] & SPACE == 0:
-                break
-            last = j
-            j += 1
-            if b == _CR or b == _LF:
-                newline_end = j
-        else:
-            u, m = entry_at(buf, table, j)
-            if u & SPACE == 0:
-                break
-            last = j
-            j += m
+    j, last, newline_end = whitespace_run(buf, table, i, j, stop, SPACE)
     if newline_end >= 0:
         return newline_end  # 6a
     if j == stop:
