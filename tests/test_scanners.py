@@ -14,10 +14,11 @@ import pytest
 import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import njit
 
 from nbbpe.patterns import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN, TIKTOKEN_GPT2_PATTERN
 from nbbpe.scanners import cl100k, gpt2, o200k
-from nbbpe.scanners.classes import N_CODE_POINTS, every_code_point
+from nbbpe.scanners.classes import N_CODE_POINTS, AsciiBlock, ascii_block, every_code_point
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_TEXTS = sorted(path.name for path in FIXTURES.glob("*.txt")) + ["corpus.en"]
@@ -268,9 +269,9 @@ def test_o200k_table_agrees_with_regex_on_every_code_point():
 
 # --- the block scanners ---------------------------------------------------------------------------
 
-# Family -> (scanner, block scanner, table) for the families whose block scanners are tested here
-# against their own scanner (GPT-2's is compared with `regex` through the spans tests alone).
+# Family -> (scanner, block scanner, table): each block scanner is tested against its own scanner.
 BLOCK_SCANNERS = {
+    "gpt2": (gpt2.gpt2_pretoken_end, gpt2.gpt2_block_boundaries, gpt2.class_table),
     "cl100k": (cl100k.cl100k_pretoken_end, cl100k.cl100k_block_boundaries, cl100k.class_table),
     "o200k": (o200k.o200k_pretoken_end, o200k.o200k_block_boundaries, o200k.class_table),
 }
@@ -296,6 +297,23 @@ BLOCK_PIECES = {
 BLOCK_ALPHABET = [piece for piece, weight in BLOCK_PIECES.items() for _ in range(weight)]
 ascii_heavy_texts = st.lists(st.sampled_from(BLOCK_ALPHABET), min_size=40,
                              max_size=200).map("".join)
+
+
+def test_ascii_block_masks_every_byte_value_at_every_alignment():
+    # The vector classification against a byte-by-byte one: all 256 values, unaligned loads.
+    @njit
+    def masks(buf, p):
+        return ascii_block(buf, p)
+
+    buf = np.frombuffer(bytes(range(256)) * 2 + bytes(range(255, -1, -1)), dtype=np.uint8)
+    rules = [lambda b: b >= 0x80, lambda b: 0x41 <= b <= 0x5A, lambda b: 0x61 <= b <= 0x7A,
+             lambda b: 0x30 <= b <= 0x39, lambda b: 9 <= b <= 13 or b == 32, lambda b: b == 32,
+             lambda b: b in (10, 13), lambda b: b == 39, lambda b: b == 47]
+    assert len(rules) == len(AsciiBlock._fields)
+    for p in range(0, buf.size - 64, 7):
+        block = [int(b) for b in buf[p:p + 64]]
+        want = tuple(sum(1 << k for k, b in enumerate(block) if rule(b)) for rule in rules)
+        assert tuple(int(m) for m in masks(buf, p)) == want, p
 
 
 def scalar_starts(family, buf):

@@ -39,8 +39,7 @@ from numba import njit
 from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 from . import classes
-from .classes import char_flags, entry_at, every_code_point, load8, run_end
-from .gpt2 import _bits, _in_range
+from .classes import ascii_block, char_flags, entry_at, every_code_point, run_end
 from .spans import scan_segments
 
 # Bits of `class_table()`: the class in the low bits ...
@@ -211,13 +210,6 @@ def cl100k_pretoken_end(buf, table, i, stop):
 
 
 _MIN_ASCII = 4  # a block whose first n < 4 bytes are ASCII decides no start at bits 1..n - 3
-_HIGH = np.uint64(0x8080808080808080)
-_LOWER_CASE = np.uint64(0x2020202020202020)  # or'ed in: A-Z become a-z
-# Byte values as np.uint64, not int literals: a literal argument compiles a callee once per value.
-_LOWER_A, _LOWER_Z = np.uint64(0x61), np.uint64(0x7A)
-_DIGIT_0, _DIGIT_9 = np.uint64(0x30), np.uint64(0x39)
-_TAB_BYTE, _LF_BYTE, _CR_BYTE = np.uint64(0x09), np.uint64(0x0A), np.uint64(0x0D)
-_BLANK_BYTE, _QUOTE_BYTE = np.uint64(0x20), np.uint64(0x27)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -316,32 +308,21 @@ def cl100k_block_boundaries(buf, table, p):
     bits given. Bytes before p are never read: that p starts a pre-token stands in for them (an
     O at p joins the letters after it, numbers from p are cut in threes from p).
     """
-    letters = np.uint64(0)
-    numbers = np.uint64(0)
-    whitespace = np.uint64(0)
-    blanks = np.uint64(0)  # U+0020 only
-    newlines = np.uint64(0)  # \r and \n
-    apostrophes = np.uint64(0)
+    non_ascii, upper, lower, numbers, whitespace, blanks, newlines, apostrophes, _ = (
+        ascii_block(buf, p))
+    letters = upper | lower
     n = np.int64(64)  # bytes buf[p:p + n] are ASCII
-    for k in range(8):  # eight bytes at a time, no branches (SWAR)
-        x = load8(buf, p + 8 * k)
-        high = x & _HIGH
-        if high:  # ASCII ends at byte n: what it is and what follows decide nothing before n - 2
-            n = 8 * k + np.int64(trailing_zeros(high) >> np.uint64(3))
-            if n < _MIN_ASCII:
-                return np.uint64(0)  # the caller scans one pre-token at a time
-            x &= (np.uint64(1) << np.uint64(8 * (n - 8 * k))) - np.uint64(1)  # NULs, "other"
-        shift = np.uint64(8 * k)
-        letters |= _bits(_in_range(x | _LOWER_CASE, _LOWER_A, _LOWER_Z)) << shift
-        numbers |= _bits(_in_range(x, _DIGIT_0, _DIGIT_9)) << shift
-        blank = _in_range(x, _BLANK_BYTE, _BLANK_BYTE)
-        whitespace |= _bits(_in_range(x, _TAB_BYTE, _CR_BYTE) | blank) << shift
-        blanks |= _bits(blank) << shift
-        newline = _in_range(x, _LF_BYTE, _LF_BYTE) | _in_range(x, _CR_BYTE, _CR_BYTE)
-        newlines |= _bits(newline) << shift
-        apostrophes |= _bits(_in_range(x, _QUOTE_BYTE, _QUOTE_BYTE)) << shift
-        if high:
-            break  # the bytes from n on stay "other" (no class bit)
+    if non_ascii:  # what it is and what follows decide nothing before n - 2
+        n = np.int64(trailing_zeros(non_ascii))
+        if n < _MIN_ASCII:
+            return np.uint64(0)  # the caller scans one pre-token at a time
+        ascii_part = (np.uint64(1) << np.uint64(n)) - np.uint64(1)  # the bytes from n on: "other"
+        letters &= ascii_part
+        numbers &= ascii_part
+        whitespace &= ascii_part
+        blanks &= ascii_part
+        newlines &= ascii_part
+        apostrophes &= ascii_part
     one = np.uint64(1)
     two = np.uint64(2)
     decidable = (one << np.uint64(n - 2)) - one  # bits 0..n - 3

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from .classes import LETTER, NUMBER, SPACE, char_flags, entry_at, load8
+from .classes import LETTER, NUMBER, SPACE, ascii_block, char_flags, entry_at
 from .spans import scan_segments
 
 OTHER_CLASS, LETTER_CLASS, NUMBER_CLASS, SPACE_CLASS = 0, 1, 2, 3
@@ -94,28 +94,7 @@ def gpt2_pretoken_end(buf, table, i, stop):
         return last  # \s+(?!\S) gives its last character to what follows
     return j  # the whole run at the end of the text (\s+(?!\S)), or one character (\s+)
 
-_COMMITTED = np.uint64(((1 << 62) - 1) & ~1)  # bits 1..61
-_ONES = np.uint64(0x0101010101010101)
-_HIGH = np.uint64(0x8080808080808080)
-_GATHER = np.uint64(0x0002040810204081)  # moves bit 8k + 7 to bit 56 + k
-_LOWER_CASE = np.uint64(0x2020202020202020)  # or'ed in: A-Z become a-z
-# Byte values as np.uint64, not int literals: a literal argument compiles a callee once per value.
-_LOWER_A, _LOWER_Z, _DIGIT_0, _DIGIT_9 = np.uint64(0x61), np.uint64(0x7A), np.uint64(0x30), np.uint64(0x39)
-_TAB, _CR, _BLANK, _QUOTE = np.uint64(0x09), np.uint64(0x0D), np.uint64(0x20), np.uint64(0x27)
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def _in_range(x, lo, hi):
-    """The high bit of each byte of `x` (eight ASCII bytes) set where lo <= byte <= hi."""
-    at_least_lo = x + _ONES * (np.uint64(0x80) - lo)  # no byte overflows: bytes are below 0x80
-    above_hi = x + _ONES * (np.uint64(0x7F) - hi)
-    return at_least_lo & ~above_hi & _HIGH
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def _bits(high_bits):
-    """The high bit of each of eight bytes, as bits 0-7."""
-    return (high_bits * _GATHER) >> np.uint64(56)
+_MIN_ASCII = 4  # a block whose first n < 4 bytes are ASCII decides no start at bits 1..n - 3
 
 
 def _check_ascii_classes(table) -> None:
@@ -132,39 +111,34 @@ def _check_ascii_classes(table) -> None:
 @njit(cache=True, nogil=True, _nrt=False)
 def gpt2_block_boundaries(buf, table, p):
     """Where pre-tokens start in buf[p + 1:p + 62], as bits 1..61 of a uint64, for a pre-token
-    starting at p, or 0 if buf[p:p + 64] is not all ASCII. The caller ensures p + 64 <= stop.
+    starting at p; the caller ensures p + 64 <= stop.
 
-    The rules above as bit masks over the 64 bytes (bit k for buf[p + k]), so a block of ASCII
-    text is cut without a branch per pre-token: a pre-token starts at k where
+    Only the starts that ASCII decides: with buf[p:p + n] ASCII (n = 64 for a block of ASCII,
+    else where the first non-ASCII character starts), those at bits 1..n - 3; 0 if there are
+    none (the caller then scans one pre-token). The rules above as bit masks over the bytes
+    (bit k for buf[p + k]), so a block of ASCII text is cut without a branch per pre-token: a
+    pre-token starts at k where
     - k is whitespace and k - 1 is not (a run starts), or k + 1 is not (the run's last character
       goes to what follows, rule 4);
     - k is not whitespace, its class differs from k - 1's, and k - 1 is not a space (rule 3);
     - or where a contraction that starts at such a place ends (and nowhere inside it).
-    Bytes 62 and 63 are only looked at, so every bit returned is decided by bytes in the block.
+    So bit k depends on bytes k - 1..k + 2: bytes below n for the bits given.
     """
-    letters = np.uint64(0)
-    numbers = np.uint64(0)
-    spaces = np.uint64(0)
-    blanks = np.uint64(0)  # U+0020 only
-    apostrophes = np.uint64(0)
-    for k in range(8):  # eight bytes at a time, no branches (SWAR)
-        x = load8(buf, p + 8 * k)
-        if x & _HIGH:
-            return np.uint64(0)  # not ASCII: the caller scans one pre-token at a time
-        shift = np.uint64(8 * k)
-        letters |= _bits(_in_range(x | _LOWER_CASE, _LOWER_A, _LOWER_Z)) << shift
-        numbers |= _bits(_in_range(x, _DIGIT_0, _DIGIT_9)) << shift
-        blank = _in_range(x, _BLANK, _BLANK)
-        spaces |= _bits(_in_range(x, _TAB, _CR) | blank) << shift
-        blanks |= _bits(blank) << shift
-        apostrophes |= _bits(_in_range(x, _QUOTE, _QUOTE)) << shift
+    non_ascii, upper, lower, numbers, spaces, blanks, _, apostrophes, _ = ascii_block(buf, p)
     one = np.uint64(1)
+    n = np.uint64(64)
+    if non_ascii:
+        n = np.uint64(trailing_zeros(non_ascii))
+        if n < _MIN_ASCII:
+            return np.uint64(0)
+    decidable = (one << (n - np.uint64(2))) - one  # bits 0..n - 3
+    letters = upper | lower
     others = ~(letters | numbers | spaces)
     changed = ((letters ^ (letters << one)) | (numbers ^ (numbers << one))
                | (spaces ^ (spaces << one)) | (others ^ (others << one)))
     starts = ((spaces & (~(spaces << one) | ~(spaces >> one)))
               | (~spaces & changed & ~(blanks << one)) | one)
-    candidates = apostrophes & starts & np.uint64((1 << 62) - 1)
+    candidates = apostrophes & starts & decidable
     while candidates:
         k = trailing_zeros(candidates)
         candidates &= candidates - one
@@ -180,7 +154,7 @@ def gpt2_block_boundaries(buf, table, p):
         starts &= ~inside
         if k + length < 64:
             starts |= one << np.uint64(k + length)
-    return starts & _COMMITTED
+    return starts & decidable & ~one
 
 
 @njit(cache=True, nogil=True)

@@ -51,8 +51,7 @@ from . import classes
 from .cl100k import (_after_newline_starts, _before_trailing_whitespace, _digit_starts,
                      _runs_after, _suffix_length, check_ascii_entries, contraction_codes,
                      whitespace_run)
-from .classes import char_flags, entry_at, load8, run_end
-from .gpt2 import _bits, _in_range
+from .classes import ascii_block, char_flags, entry_at, run_end
 from .spans import scan_segments
 
 # Bits of `class_table()`: the classes in the low byte ...
@@ -193,13 +192,6 @@ def o200k_pretoken_end(buf, table, i, stop):
 
 
 _MIN_ASCII = 4  # a block whose first n < 4 bytes are ASCII decides no start at bits 1..n - 3
-_HIGH = np.uint64(0x8080808080808080)
-# Byte values as np.uint64, not int literals: a literal argument compiles a callee once per value.
-_UPPER_A, _UPPER_Z = np.uint64(0x41), np.uint64(0x5A)
-_LOWER_A, _LOWER_Z = np.uint64(0x61), np.uint64(0x7A)
-_DIGIT_0, _DIGIT_9 = np.uint64(0x30), np.uint64(0x39)
-_TAB_BYTE, _LF_BYTE, _CR_BYTE = np.uint64(0x09), np.uint64(0x0A), np.uint64(0x0D)
-_BLANK_BYTE, _QUOTE_BYTE, _SLASH_BYTE = np.uint64(0x20), np.uint64(0x27), np.uint64(0x2F)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -223,36 +215,22 @@ def o200k_block_boundaries(buf, table, p):
       is an O like any other.
     The suffix makes bit k depend on bytes up to k + 2, hence bits up to n - 3 only.
     """
-    upper = np.uint64(0)
-    lower = np.uint64(0)
-    numbers = np.uint64(0)
-    whitespace = np.uint64(0)
-    blanks = np.uint64(0)  # U+0020 only
-    newlines = np.uint64(0)  # \r and \n
-    slashes = np.uint64(0)
-    apostrophes = np.uint64(0)
+    non_ascii, upper, lower, numbers, whitespace, blanks, newlines, apostrophes, slashes = (
+        ascii_block(buf, p))
     n = np.int64(64)  # bytes buf[p:p + n] are ASCII
-    for k in range(8):  # eight bytes at a time, no branches (SWAR)
-        x = load8(buf, p + 8 * k)
-        high = x & _HIGH
-        if high:  # ASCII ends at byte n: what it is and what follows decide nothing before n - 2
-            n = 8 * k + np.int64(trailing_zeros(high) >> np.uint64(3))
-            if n < _MIN_ASCII:
-                return np.uint64(0)  # the caller scans one pre-token at a time
-            x &= (np.uint64(1) << np.uint64(8 * (n - 8 * k))) - np.uint64(1)  # NULs, "other"
-        shift = np.uint64(8 * k)
-        upper |= _bits(_in_range(x, _UPPER_A, _UPPER_Z)) << shift
-        lower |= _bits(_in_range(x, _LOWER_A, _LOWER_Z)) << shift
-        numbers |= _bits(_in_range(x, _DIGIT_0, _DIGIT_9)) << shift
-        blank = _in_range(x, _BLANK_BYTE, _BLANK_BYTE)
-        whitespace |= _bits(_in_range(x, _TAB_BYTE, _CR_BYTE) | blank) << shift
-        blanks |= _bits(blank) << shift
-        newline = _in_range(x, _LF_BYTE, _LF_BYTE) | _in_range(x, _CR_BYTE, _CR_BYTE)
-        newlines |= _bits(newline) << shift
-        slashes |= _bits(_in_range(x, _SLASH_BYTE, _SLASH_BYTE)) << shift
-        apostrophes |= _bits(_in_range(x, _QUOTE_BYTE, _QUOTE_BYTE)) << shift
-        if high:
-            break  # the bytes from n on stay "other" (no class bit)
+    if non_ascii:  # what it is and what follows decide nothing before n - 2
+        n = np.int64(trailing_zeros(non_ascii))
+        if n < _MIN_ASCII:
+            return np.uint64(0)  # the caller scans one pre-token at a time
+        ascii_part = (np.uint64(1) << np.uint64(n)) - np.uint64(1)  # the bytes from n on: "other"
+        upper &= ascii_part
+        lower &= ascii_part
+        numbers &= ascii_part
+        whitespace &= ascii_part
+        blanks &= ascii_part
+        newlines &= ascii_part
+        slashes &= ascii_part
+        apostrophes &= ascii_part
     one = np.uint64(1)
     two = np.uint64(2)
     decidable = (one << np.uint64(n - 2)) - one  # bits 0..n - 3
