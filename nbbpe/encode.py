@@ -53,11 +53,12 @@ from .encode_tables import (
     lookup,
     new_table,
     prefetch,
+    short_hash,
     store,
 )
 from .kernel_cache import entry_point
-from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.classes import load8
+from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
 from .scanners.o200k import o200k_block_boundaries, o200k_pretoken_end
 from .scanners.specials import Specials, next_special
@@ -392,18 +393,18 @@ def _encode_one(encode_new, buf, start, end, k0, k1, tag, h, out, w, ranks, voca
 @njit(cache=True, nogil=True, _nrt=False)
 def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
     """For each pre-token of a window (pre-token t ends at window[t], the first starts at
-    `start`) of 2 to 8 bytes: its key and hash, and a prefetch of its cache slot. The cache is
-    several MB, so reading a slot mostly waits for memory: asked for a whole window at once,
-    the reads overlap instead of each pre-token waiting for its own. Other pre-tokens get tag 0
-    (their key is computed when met)."""
+    `start`) of 1 to 8 bytes: its key and hash, as `key_of` gives them, and a prefetch of its
+    cache slot. The cache is several MB, so reading a slot mostly waits for memory: asked for a
+    whole window at once, the reads overlap instead of each pre-token waiting for its own.
+    Other pre-tokens get tag 0 (their key is computed when met)."""
     size = buf.shape[0]
     for t in range(n):
         end = window[t]
         length = end - start
         tags[t] = 0
-        if 2 <= length <= 8 and start + 16 <= size:  # the common case: one 8-byte load
+        if length <= 8 and start + 16 <= size:  # nearly all: one 8-byte load, k1 is 0
             k0 = load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * length))
-            h = (k0 + np.uint64(length)) * _GOLDEN  # `key_of`'s hash with k1 = 0
+            h = short_hash(k0, np.uint64(0), length)
             keys0[t] = np.int64(k0)
             keys1[t] = 0
             tags[t] = length
@@ -449,6 +450,15 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                 _prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)
                 for t in range(n):
                     j = window[t]
+                    tag = tags[t]
+                    if tag:  # nearly all: found in the home slot, one token, written out
+                        s = 4 * home(cache, np.uint64(hashes[t]))
+                        meta = cache.slots[s + 2]
+                        if (meta & 0x3FF) == (tag | 256) and cache.slots[s] == keys0[t]:
+                            out[w] = np.int32(meta >> 10)
+                            w += 1
+                            i = j
+                            continue
                     length = j - i
                     if length == 1:
                         out[w] = ranks.byte_ids[buf[i]]
@@ -456,17 +466,8 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                     elif length > _HEAP_ABOVE:
                         return w, doc, i, length
                     else:
-                        if tags[t]:
-                            k0, k1, tag, h = keys0[t], keys1[t], tags[t], np.uint64(hashes[t])
-                            # The common case, written out: the home slot holds the pre-token,
-                            # and it is one token.
-                            s = 4 * home(cache, h)
-                            meta = cache.slots[s + 2]
-                            if (meta & 0x3FF) == (tag | 256) and cache.slots[s] == k0:
-                                out[w] = np.int32(meta >> 10)
-                                w += 1
-                                i = j
-                                continue
+                        if tag:
+                            k0, k1, h = keys0[t], keys1[t], np.uint64(hashes[t])
                         else:
                             k0, k1, tag, h = key_of(buf, i, j)
                         w += _encode_one(encode_new, buf, i, j, k0, k1, tag, h, out, w, ranks,
@@ -633,11 +634,19 @@ PIECE_ENCODERS = (encode_pieces_merges, encode_pieces_ranks)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _fill_vocab_table(token_bytes, token_offsets, token_ids, ranks, table, scratch, work):
-    """Store every token of two or more bytes with the ids its own bytes encode to: in RANKS
-    order the token itself (tiktoken's rule), in MERGES order whatever the merges make of them
-    (nearly always the token too, but a merge list need not promise it; tokens longer than
-    `_HEAP_ABOVE` bytes are left to `encode_long_piece`)."""
+def _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks, table, scratch,
+                      work):
+    """Store every single byte (byte_values[b] is b) with its id, then every token of two or
+    more bytes with the ids its own bytes encode to: in RANKS order the token itself (tiktoken's
+    rule), in MERGES order whatever the merges make of them (nearly always the token too, but a
+    merge list need not promise it; tokens longer than `_HEAP_ABOVE` bytes are left to
+    `encode_long_piece`). With the bytes in it, a pre-token of one byte (a third of those of web
+    text) is looked up like any other: one case fewer, one unpredictable branch fewer, in the
+    kernels' loop."""
+    for b in range(256):
+        slot, k0, k1, tag, h = lookup(table, byte_values, b, b + 1)
+        work[0] = ranks.byte_ids[b]
+        store(table, -1 - slot, k0, k1, tag, byte_values, b, 1, work, np.int64(0), np.int64(1))
     for t in range(token_ids.shape[0]):
         start = token_offsets[token_ids[t]]
         end = token_offsets[token_ids[t] + 1]
@@ -661,16 +670,17 @@ def _fill_vocab_table(token_bytes, token_offsets, token_ids, ranks, table, scrat
 
 def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_ids: np.ndarray,
                       ranks: Ranks) -> Table:
-    """The vocab table of the tokens with ids `token_ids`, in order of preference (token i is
-    token_bytes[token_offsets[i]:token_offsets[i + 1]]; see `_fill_vocab_table`)."""
+    """The vocab table of the single bytes and the tokens with ids `token_ids`, in order of
+    preference (token i is token_bytes[token_offsets[i]:token_offsets[i + 1]]; see
+    `_fill_vocab_table`)."""
     token_ids = np.ascontiguousarray(token_ids, dtype=np.int32)
     lengths = token_offsets[token_ids + 1] - token_offsets[token_ids]
     longest = max(int(lengths.max(initial=2)), _HEAP_ABOVE)
     records = int(lengths[lengths > MAX_SHORT].sum()) + 4 * len(token_ids) + 64
     # Room for a thread cache's first entries too: copying it then makes that cache (`_copy`).
-    table = new_table(len(token_ids) + 1 + CACHE_FIRST_ROOM, longest, records)
-    _fill_vocab_table(token_bytes, token_offsets, token_ids, ranks, table,
-                      np.empty(_HEAP_ABOVE + 1, np.int64), np.empty(_HEAP_ABOVE, np.int32))
+    table = new_table(256 + len(token_ids) + CACHE_FIRST_ROOM, longest, records)
+    _fill_vocab_table(token_bytes, token_offsets, token_ids, np.arange(256, dtype=np.uint8), ranks,
+                      table, np.empty(_HEAP_ABOVE + 1, np.int64), np.empty(_HEAP_ABOVE, np.int32))
     return table
 
 

@@ -128,6 +128,12 @@ def _load_upto8(buf, i, end):
     return word
 
 
+@njit(inline="always")
+def short_hash(k0, k1, length):
+    """The hash of a pre-token of 1 to 16 bytes, packed as k0, k1."""
+    return ((k0 ^ (k1 * _MIX)) + np.uint64(length)) * _GOLDEN
+
+
 @njit(cache=True, nogil=True, _nrt=False)
 def key_of(buf, start, end):
     """(k0, k1, length byte, hash) of pre-token buf[start:end], of two or more bytes."""
@@ -137,8 +143,7 @@ def key_of(buf, start, end):
         k1 = np.uint64(0)
         if length > 8:
             k1 = _load_upto8(buf, start + 8, end)
-        h = ((k0 ^ (k1 * _MIX)) + np.uint64(length)) * _GOLDEN
-        return np.int64(k0), np.int64(k1), np.int64(length), h
+        return np.int64(k0), np.int64(k1), np.int64(length), short_hash(k0, k1, length)
     h0 = np.uint64(length)
     h1 = _MIX
     i = start
@@ -279,7 +284,7 @@ def _slot_hash(k0, k1, tag):
     b = np.uint64(k1)
     if tag == LONG:
         return (a ^ b) * _GOLDEN
-    return ((a ^ (b * _MIX)) + np.uint64(tag)) * _GOLDEN
+    return short_hash(a, b, tag)
 
 
 @njit(cache=True, nogil=True)
