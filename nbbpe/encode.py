@@ -348,7 +348,7 @@ def _merge_on_heap(work, ranks):
 
 
 @njit(inline="always")  # into the two kernels below: `merge` is a compile-time choice
-def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, vocab, cache,
+def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cache,
                 pairs):
     """Merge pre-token buf[start:end] (at most `_HEAP_ABOVE` bytes, not in the cache) into
     out[w:]; remember it in a learning cache at -1 - slot (where `find` said it would go);
@@ -363,23 +363,23 @@ def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, voc
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _encode_new_merges(buf, start, end, k0, k1, tag, h, slot, out, w, ranks, vocab, cache,
+def _encode_new_merges(buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cache,
                        pairs):
     """`_encode_new` in MERGES order."""
     return _encode_new(_merge_rounds, buf, start, end, k0, k1, tag, h, slot, out, w, ranks,
-                       vocab, cache, pairs)
+                       cache, pairs)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _encode_new_ranks(buf, start, end, k0, k1, tag, h, slot, out, w, ranks, vocab, cache,
+def _encode_new_ranks(buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cache,
                       pairs):
     """`_encode_new` in RANKS order."""
     return _encode_new(_merge_leftmost, buf, start, end, k0, k1, tag, h, slot, out, w, ranks,
-                       vocab, cache, pairs)
+                       cache, pairs)
 
 
 @njit(inline="always")  # into each kernel, with its `encode_new`
-def _encode_one(encode_new, buf, start, end, k0, k1, tag, h, out, w, ranks, vocab, cache,
+def _encode_one(encode_new, buf, start, end, k0, k1, tag, h, out, w, ranks, cache,
                 pairs):
     """Write the ids of pre-token buf[start:end] (2 to `_HEAP_ABOVE` bytes; its key and hash
     from `key_of`) to out[w:] and return how many: from the cache (which holds the vocab table
@@ -387,7 +387,7 @@ def _encode_one(encode_new, buf, start, end, k0, k1, tag, h, out, w, ranks, voca
     slot = find(cache, home(cache, h), k0, k1, tag, buf, start, end - start)
     if slot >= 0:
         return copy_ids(cache, slot, out, w)
-    return encode_new(buf, start, end, k0, k1, tag, h, slot, out, w, ranks, vocab, cache, pairs)
+    return encode_new(buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cache, pairs)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -418,7 +418,7 @@ def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
 
 @njit(inline="always")  # into each family's kernel, as `spans.scan_window`
 def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, separator,
-                     specials, ranks, vocab, cache, scratch, out, doc_out_ends, out_base, doc, i):
+                     specials, ranks, cache, scratch, out, doc_out_ends, out_base, doc, i):
     """Encode documents doc, doc + 1, ... of `buf` (document d ends at doc_ends[d]; the first
     starts at byte i) into `out`; return (ids written, next document, next byte, need).
 
@@ -471,7 +471,7 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                         else:
                             k0, k1, tag, h = key_of(buf, i, j)
                         w += _encode_one(encode_new, buf, i, j, k0, k1, tag, h, out, w, ranks,
-                                         vocab, cache, pairs)
+                                         cache, pairs)
                         if is_full(cache):  # it learns no more: let it grow, then go on
                             return w, doc, j, -1
                     i = j
@@ -492,56 +492,56 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_gpt2_merges(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+def encode_gpt2_merges(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
                        out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with GPT-2's scanner, in MERGES order."""
     return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, _encode_new_merges, buf,
-                            table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+                            table, doc_ends, separator, specials, ranks, cache, scratch,
                             out, doc_out_ends, out_base, doc, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_gpt2_ranks(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+def encode_gpt2_ranks(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
                       out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with GPT-2's scanner, in RANKS order."""
     return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, _encode_new_ranks, buf,
-                            table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+                            table, doc_ends, separator, specials, ranks, cache, scratch,
                             out, doc_out_ends, out_base, doc, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_cl100k_merges(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+def encode_cl100k_merges(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
                          out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with cl100k's scanner, in MERGES order."""
     return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, _encode_new_merges, buf, table,
-                            doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
+                            doc_ends, separator, specials, ranks, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_cl100k_ranks(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+def encode_cl100k_ranks(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
                         out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with cl100k's scanner, in RANKS order."""
     return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, _encode_new_ranks, buf, table,
-                            doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
+                            doc_ends, separator, specials, ranks, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_o200k_merges(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+def encode_o200k_merges(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
                         out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with o200k's scanner, in MERGES order."""
     return encode_documents(o200k_pretoken_end, o200k_block_boundaries, _encode_new_merges, buf, table,
-                            doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
+                            doc_ends, separator, specials, ranks, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_o200k_ranks(buf, table, doc_ends, separator, specials, ranks, vocab, cache, scratch,
+def encode_o200k_ranks(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
                        out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with o200k's scanner, in RANKS order."""
     return encode_documents(o200k_pretoken_end, o200k_block_boundaries, _encode_new_ranks, buf, table,
-                            doc_ends, separator, specials, ranks, vocab, cache, scratch, out,
+                            doc_ends, separator, specials, ranks, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 
 
@@ -567,7 +567,7 @@ def warm_up(family: str, mode: int) -> None:
     buf = np.frombuffer(b"ab ab<|x|>", dtype=np.uint8)
     out = np.empty(len(buf) + 2, dtype=np.int32)
     kernel(buf, table, np.array([len(buf)], dtype=np.int64), -1, make_specials([("<|x|>", 257)]),
-           ranks, vocab, ThreadCache(vocab, 16).table, new_scratch(), out,
+           ranks, ThreadCache(vocab, 16).table, new_scratch(), out,
            np.empty(1, dtype=np.int64), 0, 0, 0)
 
 
@@ -580,7 +580,7 @@ def encoder_for(family: str, mode: int):
 
 
 @njit(inline="always")  # into the two kernels below
-def _encode_pieces(encode_new, buf, offsets, special_slots, special_ids, ranks, vocab, cache,
+def _encode_pieces(encode_new, buf, offsets, special_slots, special_ids, ranks, cache,
                    scratch, out, k):
     """The ids of pre-tokens found elsewhere (by `regex`), from piece k on: piece k is
     buf[offsets[k]:offsets[k + 1]], and the pieces listed in `special_slots` are special tokens
@@ -604,7 +604,7 @@ def _encode_pieces(encode_new, buf, offsets, special_slots, special_ids, ranks, 
         elif offsets[k + 1] > offsets[k]:
             k0, k1, tag, h = key_of(buf, offsets[k], offsets[k + 1])
             w += _encode_one(encode_new, buf, offsets[k], offsets[k + 1], k0, k1, tag, h, out, w,
-                             ranks, vocab, cache, pairs)
+                             ranks, cache, pairs)
             if is_full(cache):
                 return w, k + 1, -1
         k += 1
@@ -612,19 +612,19 @@ def _encode_pieces(encode_new, buf, offsets, special_slots, special_ids, ranks, 
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_pieces_merges(buf, offsets, special_slots, special_ids, ranks, vocab, cache, scratch,
+def encode_pieces_merges(buf, offsets, special_slots, special_ids, ranks, cache, scratch,
                          out, k):
     """`_encode_pieces` in MERGES order."""
     return _encode_pieces(_encode_new_merges, buf, offsets, special_slots, special_ids, ranks,
-                          vocab, cache, scratch, out, k)
+                          cache, scratch, out, k)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_pieces_ranks(buf, offsets, special_slots, special_ids, ranks, vocab, cache, scratch,
+def encode_pieces_ranks(buf, offsets, special_slots, special_ids, ranks, cache, scratch,
                         out, k):
     """`_encode_pieces` in RANKS order."""
     return _encode_pieces(_encode_new_ranks, buf, offsets, special_slots, special_ids, ranks,
-                          vocab, cache, scratch, out, k)
+                          cache, scratch, out, k)
 
 
 PIECE_ENCODERS = (encode_pieces_merges, encode_pieces_ranks)
@@ -790,11 +790,11 @@ class DocumentEncoder:
         call = self._entries.get(("text", state.cache.table.learns))
         if call is None:
             return self._run(buf, state.doc_end, -1, state, state.doc_out_end, dtype, "text")
-        table, specials, ranks, vocab = self.tables
+        table, specials, ranks, _ = self.tables
         out = state.out
         if len(out) <= len(data):
             out = state.output(len(data) + 1)
-        result = call(buf, table, state.doc_end, -1, specials, ranks, vocab, state.cache.table,
+        result = call(buf, table, state.doc_end, -1, specials, ranks, state.cache.table,
                       state.scratch, out, state.doc_out_end, 0, 0, 0)
         if result[1] == 1:  # the document is done
             return out[: result[0]].astype(dtype)
@@ -822,8 +822,8 @@ class DocumentEncoder:
             if result is None:
                 key_now = (key, state.cache.table.learns)
                 call = self._entries.get(key_now)
-                args = (buf, table, doc_ends, separator, specials, ranks, vocab,
-                        state.cache.table, state.scratch, out, doc_out_ends, total, doc, i)
+                args = (buf, table, doc_ends, separator, specials, ranks, state.cache.table,
+                        state.scratch, out, doc_out_ends, total, doc, i)
                 if call is None:  # the first call for these types: through the dispatcher
                     result = self.kernel(*args)
                     self._entries[key_now] = entry_point(self.kernel, args)
@@ -853,8 +853,8 @@ def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks
     parts = []
     k = 0
     while True:
-        w, k, need = kernel(buf, offsets, special_slots, special_ids, ranks, vocab,
-                            state.cache.table, state.scratch, out, k)
+        w, k, need = kernel(buf, offsets, special_slots, special_ids, ranks, state.cache.table,
+                            state.scratch, out, k)
         parts.append(out[:w].copy())
         if not need:
             break
