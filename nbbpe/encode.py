@@ -393,7 +393,7 @@ def _encode_one(encode_new, buf, start, end, k0, k1, tag, h, out, w, ranks, cach
 @njit(cache=True, nogil=True, _nrt=False)
 def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
     """For each pre-token of a window (pre-token t ends at window[t], the first starts at
-    `start`) of 1 to 8 bytes: its key and hash, as `key_of` gives them, and a prefetch of its
+    `start`) of 1 to 16 bytes: its key and hash, as `key_of` gives them, and a prefetch of its
     cache slot. The cache is several MB, so reading a slot mostly waits for memory: asked for a
     whole window at once, the reads overlap instead of each pre-token waiting for its own.
     Other pre-tokens get tag 0 (their key is computed when met)."""
@@ -402,11 +402,16 @@ def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
         end = window[t]
         length = end - start
         tags[t] = 0
-        if length <= 8 and start + 16 <= size:  # nearly all: one 8-byte load, k1 is 0
-            k0 = load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * length))
-            h = short_hash(k0, np.uint64(0), length)
+        if length <= MAX_SHORT and start + 16 <= size:  # nearly all: one or two 8-byte loads
+            k0 = load8(buf, start)
+            k1 = np.uint64(0)
+            if length <= 8:
+                k0 &= _ALL_ONES >> np.uint64(64 - 8 * length)
+            else:
+                k1 = load8(buf, start + 8) & (_ALL_ONES >> np.uint64(128 - 8 * length))
+            h = short_hash(k0, k1, length)
             keys0[t] = np.int64(k0)
-            keys1[t] = 0
+            keys1[t] = np.int64(k1)
             tags[t] = length
             hashes[t] = np.int64(h)
             prefetch(cache.slots, 4 * home(cache, h))
@@ -454,7 +459,8 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                     if tag:  # nearly all: found in the home slot, one token, written out
                         s = 4 * home(cache, np.uint64(hashes[t]))
                         meta = cache.slots[s + 2]
-                        if (meta & 0x3FF) == (tag | 256) and cache.slots[s] == keys0[t]:
+                        if ((meta & 0x3FF) == (tag | 256) and cache.slots[s] == keys0[t]
+                                and cache.slots[s + 1] == keys1[t]):
                             out[w] = np.int32(meta >> 10)
                             w += 1
                             i = j
