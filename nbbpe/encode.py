@@ -746,7 +746,8 @@ def build_split_ranks(token_bytes, token_offsets, token_ids, byte_ids, n_vocab: 
 
 
 class ThreadState:
-    """What one thread's encoding writes to: its cache and its scratch space."""
+    """What one thread's encoding writes to: its cache and its scratch space; and the arguments
+    of the short path's kernel call, ready but for the text (`DocumentEncoder.encode_text`)."""
 
     def __init__(self, vocab: Table, cache_size: int):
         self.cache = ThreadCache(vocab, cache_size)
@@ -754,6 +755,9 @@ class ThreadState:
         self.out = np.empty(0, dtype=np.int32)  # the kernels' output, reused: no page faults
         self.doc_end = np.empty(1, dtype=np.int64)  # for one text at a time
         self.doc_out_end = np.empty(1, dtype=np.int64)
+        self.text_call = None  # the short path: its kernel entry point, arguments, room
+        self.text_args: list = []
+        self.text_room = 0
 
     def output(self, items: int) -> np.ndarray:
         """The output buffer, with room for `items` ids (at most `_OUT_ITEMS`: the kernels
@@ -761,10 +765,17 @@ class ThreadState:
         items = min(items, _OUT_ITEMS)
         if len(self.out) < items:
             self.out = np.empty(max(items, 2 * len(self.out)), dtype=np.int32)
+            self.text_call = None  # its arguments hold the old buffer
         return self.out
+
+    def make_room(self) -> None:
+        """Let the cache grow (`ThreadCache.make_room`)."""
+        self.cache.make_room()
+        self.text_call = None  # its arguments hold the old table
 
 
 _OUT_ITEMS = 1 << 22  # ids per kernel call at most (16 MB)
+_TEXT_ROOM = 1 << 16  # ids the short path's output buffer has room for at least
 _UINT8 = np.dtype(np.uint8)
 _frombuffer = np.frombuffer
 
@@ -790,21 +801,30 @@ class DocumentEncoder:
 
     def encode_text(self, data: bytes, state: ThreadState, dtype) -> np.ndarray:
         """The ids (as `dtype`) of one document, UTF-8 `data` (valid): the short path, for
-        texts encoded one at a time (about 1 µs of Python besides the kernel's own call)."""
-        buf = _frombuffer(data, _UINT8)  # positional dtype object: 0.4 µs, not 1 µs
-        state.doc_end[0] = len(data)
-        call = self._entries.get(("text", state.cache.table.learns))
-        if call is None:
-            return self._run(buf, state.doc_end, -1, state, state.doc_out_end, dtype, "text")
+        texts encoded one at a time. Its kernel call is made with arguments kept ready in
+        `state`, so the Python around it costs about 1 µs besides the view of `data` and the
+        copy of the ids: it is most of what a short text costs."""
+        call = state.text_call
+        if call is not None and len(data) < state.text_room:
+            args = state.text_args
+            args[0] = buf = _frombuffer(data, _UINT8)  # positional dtype object: 0.4 µs, not 1
+            args[2][0] = len(data)
+            result = call(*args)
+            if result[1] == 1:  # the document is done
+                return args[8][: result[0]].astype(dtype)
+        else:
+            buf = _frombuffer(data, _UINT8)
+            state.doc_end[0] = len(data)
+            result = None
+        ids = self._run(buf, state.doc_end, -1, state, state.doc_out_end, dtype, "text", result)
+        # Ready the next call's arguments (the cache and the output buffer may be new).
         table, specials, ranks, _ = self.tables
-        out = state.out
-        if len(out) <= len(data):
-            out = state.output(len(data) + 1)
-        result = call(buf, table, state.doc_end, -1, specials, ranks, state.cache.table,
-                      state.scratch, out, state.doc_out_end, 0, 0, 0)
-        if result[1] == 1:  # the document is done
-            return out[: result[0]].astype(dtype)
-        return self._run(buf, state.doc_end, -1, state, state.doc_out_end, dtype, "text", result)
+        out = state.output(max(len(data), _TEXT_ROOM) + 1)
+        state.text_args = [None, table, state.doc_end, -1, specials, ranks, state.cache.table,
+                           state.scratch, out, state.doc_out_end, 0, 0, 0]
+        state.text_room = len(out)
+        state.text_call = self._entries.get(("text", state.cache.table.learns))
+        return ids
 
     def encode(self, buf, doc_ends, separator: int, state: ThreadState, doc_out_ends,
                dtype) -> np.ndarray:
@@ -848,7 +868,7 @@ class DocumentEncoder:
                 total += len(parts[-1])
                 i += need
             elif need < 0:
-                state.cache.make_room()
+                state.make_room()
 
 
 def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks: Ranks,

@@ -329,9 +329,18 @@ class Tokenizer:
         dtype = self._default_dtype if dtype is None else self.id_dtype(dtype)
         if type(text) is not str:
             text = _check_text(text, "encode_to_numpy")
-        if self._family is not None:
-            return self._encode_utf8_text(_utf8(text), dtype)
-        return self._encode_text(text).astype(dtype)
+        if self._family is None:
+            return self._encode_text(text).astype(dtype)
+        # The short path written out (each call saved is ~0.1 µs of a few).
+        try:
+            data = text.encode()
+        except UnicodeEncodeError:
+            data = _utf8(text)
+        try:
+            state = self._threads.state
+        except AttributeError:  # this thread's first encode
+            state = self._thread_state()
+        return (self._engine or self._get_engine()).documents.encode_text(data, state, dtype)
 
     def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[list[int]]:
         """The ids of each text, encoded on `num_threads` threads (default: one per CPU)."""

@@ -364,6 +364,30 @@ def test_a_tiny_cache_is_emptied_and_gives_the_same_ids(gpt2, gpt2_files):
     assert uncached.encode(text) == expected
 
 
+def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files):
+    # encode_to_numpy keeps its kernel call's arguments ready between calls; a cache that grows
+    # or starts again, a text longer than the output buffer, and batches on the same thread
+    # replace what they hold: every text still gets the ids of a tokenizer that caches nothing.
+    tokenizer = Tokenizer(*gpt2_files, [EOT], cache_size=40)
+    uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)
+    words = read("multi_sample.txt")[:30000].split()
+    texts = [" ".join(words[k:k + 9]) for k in range(0, len(words), 9)]
+    texts[5] = texts[5] * 9000  # about 500 KB: more ids than the buffer held
+    buffers = set()
+    for k, text in enumerate(texts[:300]):
+        ids = tokenizer.encode_to_numpy(text)
+        assert ids.tolist() == uncached.encode(text), k
+        if k % 50 == 7:
+            assert tokenizer.encode_batch(texts[k:k + 3], num_threads=1) == [
+                uncached.encode(t) for t in texts[k:k + 3]]
+        state = tokenizer._thread_state()
+        if state.text_call is not None:  # what it holds is the thread's own
+            assert state.text_args[6] is state.cache.table and state.text_args[8] is state.out
+        buffers.add(id(state.text_args[8]))
+    assert state.cache.table.fill[2] > 0  # the cache started again
+    assert len(buffers) > 1  # and the buffer was replaced
+
+
 def test_a_threads_cache_learns_without_touching_the_shared_vocab_table(gpt2_files):
     tokenizer = Tokenizer(*gpt2_files, [EOT])
     tokenizer.encode("warm up")
