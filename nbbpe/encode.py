@@ -888,5 +888,5 @@ def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks
             parts.append(long_piece_ids(buf, offsets[k], need, ranks, vocab))
             k += 1
         else:
-            state.cache.make_room()
+            state.make_room()
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
