@@ -564,11 +564,11 @@ def warm_up(family: str, mode: int) -> None:
     argument types real calls use (see `kernel_cache`)."""
     from .scanners.specials import make_specials
 
-    byte_ids = np.arange(256, dtype=np.int32)
-    ranks = build_ranks(np.array([97]), np.array([98]), np.array([0]), np.array([256]), byte_ids,
-                        mode)
-    vocab = build_vocab_table(np.frombuffer(b"ab", np.uint8), np.array([0, 2]), np.array([0]),
-                              ranks)
+    # Tables of the right types, built without a kernel: the process that asked for this one
+    # compiles those that fill tables (`_fill_ranks`, `_fill_vocab_table`) meanwhile.
+    ranks = Ranks(np.full(16, _EMPTY), 60, 8, 47, np.zeros(1, np.int32),
+                  np.arange(256, dtype=np.int32), mode)
+    vocab = new_table(16, _HEAP_ABOVE, 64)
     table, kernel = encoder_for(family, mode)
     buf = np.frombuffer(b"ab ab<|x|>", dtype=np.uint8)
     out = np.empty(len(buf) + 2, dtype=np.int32)
@@ -652,7 +652,8 @@ def _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks,
     for b in range(256):
         slot, k0, k1, tag, h = lookup(table, byte_values, b, b + 1)
         work[0] = ranks.byte_ids[b]
-        store(table, -1 - slot, k0, k1, tag, byte_values, b, 1, work, np.int64(0), np.int64(1))
+        store(table, -1 - slot, k0, k1, tag, byte_values, b, np.int64(1), work, np.int64(0),
+              np.int64(1))  # np.int64: a literal 1 would compile `store` once more
     for t in range(token_ids.shape[0]):
         start = token_offsets[token_ids[t]]
         end = token_offsets[token_ids[t] + 1]
@@ -685,8 +686,10 @@ def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_
     records = int(lengths[lengths > MAX_SHORT].sum()) + 4 * len(token_ids) + 64
     # Room for a thread cache's first entries too: copying it then makes that cache (`_copy`).
     table = new_table(256 + len(token_ids) + CACHE_FIRST_ROOM, longest, records)
-    _fill_vocab_table(token_bytes, token_offsets, token_ids, np.arange(256, dtype=np.uint8), ranks,
-                      table, np.empty(_HEAP_ABOVE + 1, np.int64), np.empty(_HEAP_ABOVE, np.int32))
+    byte_values = np.arange(256, dtype=np.uint8)
+    byte_values.setflags(write=token_bytes.flags.writeable)  # one type: one compile of `lookup`
+    _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks, table,
+                      np.empty(_HEAP_ABOVE + 1, np.int64), np.empty(_HEAP_ABOVE, np.int32))
     return table
 
 
