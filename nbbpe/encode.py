@@ -56,6 +56,7 @@ from .encode_tables import (
     prefetch,
     short_hash,
     store,
+    with_room,
 )
 from .kernel_cache import entry_point
 from .scanners.classes import load8
@@ -701,7 +702,7 @@ def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_
     longest = max(int(lengths.max(initial=2)), _HEAP_ABOVE)
     records = int(lengths[lengths > MAX_SHORT].sum()) + 4 * len(token_ids) + 64
     # Room for a thread cache's first entries too: copying it then makes that cache (`_copy`).
-    table = new_table(256 + len(token_ids) + CACHE_FIRST_ROOM, longest, records)
+    table = with_room(new_table(256 + len(token_ids) + CACHE_FIRST_ROOM, longest, records))
     byte_values = np.arange(256, dtype=np.uint8)
     byte_values.setflags(write=token_bytes.flags.writeable)  # one type: one compile of `lookup`
     _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks, table,
