@@ -15,9 +15,9 @@ How `encode_file` works, and why:
   whatever the number of workers or the chunk size. Documents of JSONL, Parquet and iterators
   are each followed by a separator id;
 - worker threads (or Dask workers) read and encode units; the ids are written here in source
-  order, each unit through a short-lived `np.memmap` window into a file grown ahead of need and
-  trimmed at the end. At most a few units run ahead of the next one to be written, so memory is
-  bounded by the unit size, not the corpus size;
+  order, each unit's with one plain write (into the page cache, not this process's memory). At
+  most a few units run ahead of the next one to be written, so memory is bounded by the unit
+  size, not the corpus size;
 - output goes to `<output>.partial` (shards: `<shard>.partial`), renamed only when complete;
   an old sidecar or index is removed before, the new one written after: a killed run leaves at
   most `.partial` files, which the next run overwrites.
@@ -47,7 +47,6 @@ INDEX_FILE = "index.json"
 FORMAT = "nbbpe token file"
 SHARDS_FORMAT = "nbbpe token shards"
 DOCUMENT_SEPARATOR = "<|endoftext|>"
-_GROW_BYTES = 64 << 20  # the output file is extended this much (at least) at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,34 +175,27 @@ def _malloc_trim():
         return None
 
 
-class _GrowingTokenWriter:
-    """Appends ids to a file through `np.memmap` windows; the file grows ahead and is trimmed."""
+class _TokenWriter:
+    """Appends ids to a file with plain writes: the kernel copies them into the page cache,
+    which costs a fraction of faulting in the pages of a memory-mapped window (0.8 s of the
+    main thread per 300 MB of text with windows), and leaves nothing in this process's RSS."""
 
     def __init__(self, path: str, dtype: np.dtype):
         self.path = path
         self.dtype = dtype
         self.num_tokens = 0
-        self._file = open(path, "w+b")  # truncates what a killed run left
-        self._capacity = 0  # bytes
+        self._file = open(path, "wb", buffering=0)  # truncates what a killed run left
 
     def append(self, ids: np.ndarray) -> None:
         if not len(ids):
             return
-        start = self.num_tokens * self.dtype.itemsize
-        end = start + len(ids) * self.dtype.itemsize
-        if end > self._capacity:
-            self._capacity = max(end, self._capacity + max(_GROW_BYTES, self._capacity // 8))
-            os.ftruncate(self._file.fileno(), self._capacity)  # sparse: no data written yet
-        # A window per unit: once unmapped, its pages leave this process's RSS.
-        window = np.memmap(self._file, dtype=self.dtype, mode="r+", offset=start, shape=(len(ids),))
-        window[:] = ids
-        del window
+        data = memoryview(np.ascontiguousarray(ids, dtype=self.dtype)).cast("B")
+        while data:  # a raw write may take less than all
+            data = data[self._file.write(data):]
         self.num_tokens += len(ids)
 
     def finish(self) -> None:
-        """Trim the file to the ids written and make it durable."""
-        os.ftruncate(self._file.fileno(), self.num_tokens * self.dtype.itemsize)
-        self._file.flush()
+        """Make the file durable."""
         os.fsync(self._file.fileno())
         self._file.close()
 
@@ -345,7 +337,7 @@ def _write_file(ids_in_order, output_path: str, dtype: np.dtype) -> int:
                                 "(pass shard_bytes to write shards into a directory)")
     os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
     partial = output_path + PARTIAL_SUFFIX
-    writer = _GrowingTokenWriter(partial, dtype)
+    writer = _TokenWriter(partial, dtype)
     trim_heap = _HeapTrimmer()
     try:
         for ids in ids_in_order:
@@ -389,7 +381,7 @@ def _write_shards(ids_in_order, shard_of: list[int], directory: str, dtype: np.d
                 if writer is not None:
                     _finish_shard(writer, shards)
                 shards.append((f"shard_{shard:05d}.bin", 0))
-                writer = _GrowingTokenWriter(os.path.join(directory, shards[-1][0]) + PARTIAL_SUFFIX,
+                writer = _TokenWriter(os.path.join(directory, shards[-1][0]) + PARTIAL_SUFFIX,
                                              dtype)
             writer.append(ids)
             trim_heap()
@@ -403,7 +395,7 @@ def _write_shards(ids_in_order, shard_of: list[int], directory: str, dtype: np.d
     return shards
 
 
-def _finish_shard(writer: _GrowingTokenWriter, shards: list) -> None:
+def _finish_shard(writer: _TokenWriter, shards: list) -> None:
     writer.finish()
     os.replace(writer.path, writer.path[: -len(PARTIAL_SUFFIX)])
     shards[-1] = (shards[-1][0], writer.num_tokens)
