@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -175,31 +176,64 @@ def _malloc_trim():
         return None
 
 
+_WRITEBACK_BYTES = 64 << 20  # the token files are flushed to disk in the background this often
+
+
 class _TokenWriter:
     """Appends ids to a file with plain writes: the kernel copies them into the page cache,
     which costs a fraction of faulting in the pages of a memory-mapped window (0.8 s of the
-    main thread per 300 MB of text with windows), and leaves nothing in this process's RSS."""
+    main thread per 300 MB of text with windows), and leaves nothing in this process's RSS.
+    The file is made durable as it grows, by a thread that flushes it to disk, so that the
+    fsync at the end waits only for the last part (it took 0.28 s for 300 MB at once)."""
 
     def __init__(self, path: str, dtype: np.dtype):
         self.path = path
         self.dtype = dtype
         self.num_tokens = 0
         self._file = open(path, "wb", buffering=0)  # truncates what a killed run left
+        self._unflushed = 0  # bytes written since the last flush was asked for
+        self._flush_asked = threading.Event()
+        self._closing = False
+        self._flusher = threading.Thread(target=self._flush_in_background, daemon=True,
+                                         name="nbbpe-token-file-flush")
+        self._flusher.start()
 
     def append(self, ids: np.ndarray) -> None:
         if not len(ids):
             return
         data = memoryview(np.ascontiguousarray(ids, dtype=self.dtype)).cast("B")
+        self._unflushed += len(data)
         while data:  # a raw write may take less than all
             data = data[self._file.write(data):]
         self.num_tokens += len(ids)
+        if self._unflushed >= _WRITEBACK_BYTES:
+            self._unflushed = 0
+            self._flush_asked.set()
+
+    def _flush_in_background(self) -> None:
+        while True:
+            self._flush_asked.wait()
+            self._flush_asked.clear()
+            if self._closing:
+                return
+            try:
+                os.fdatasync(self._file.fileno())  # releases the GIL while the disk works
+            except (OSError, ValueError, AttributeError):  # closed, or no fdatasync: at the end
+                return
+
+    def _stop_flushing(self) -> None:
+        self._closing = True
+        self._flush_asked.set()
+        self._flusher.join()
 
     def finish(self) -> None:
         """Make the file durable."""
+        self._stop_flushing()
         os.fsync(self._file.fileno())
         self._file.close()
 
     def close(self) -> None:
+        self._stop_flushing()
         self._file.close()
 
 
