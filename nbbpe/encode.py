@@ -419,13 +419,10 @@ def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
         end = window[t]
         length = end - start
         tags[t] = 0
-        if length <= MAX_SHORT and start + 16 <= size:  # nearly all: one or two 8-byte loads
-            k0 = load8(buf, start)
-            k1 = np.uint64(0)
-            if length <= 8:
-                k0 &= _ALL_ONES >> np.uint64(64 - 8 * length)
-            else:
-                k1 = load8(buf, start + 8) & (_ALL_ONES >> np.uint64(128 - 8 * length))
+        if length <= MAX_SHORT and start + 16 <= size:  # nearly all: two loads, no branch
+            k0 = load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * min(length, 8)))
+            k1 = load8(buf, start + 8) & (_ALL_ONES >> np.uint64((128 - 8 * length) & 63))
+            k1 = k1 if length > 8 else np.uint64(0)
             h = short_hash(k0, k1, length)
             keys0[t] = np.int64(k0)
             keys1[t] = np.int64(k1)

@@ -27,6 +27,7 @@ from .kernel_cache import announce_compiling, cached
 from .patterns import validate_special_tokens
 from .scanners import cl100k, gpt2, o200k
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
+from .scanners.classes import load8
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
 from .scanners.o200k import o200k_block_boundaries, o200k_pretoken_end
 from .scanners.specials import make_specials, next_special
@@ -116,18 +117,12 @@ def _add_spans(src, first_start, ends, weights, n_spans, slots, bits, word_offse
         end = ends[t]
         length = end - start
         # The key: a word of up to 8 bytes packed little-endian, else a hash of its 8-byte
-        # chunks. One 8-byte load per chunk (LLVM merges the byte loads), masked to the word.
+        # chunks. One 8-byte load per chunk, masked to the word.
         key = np.uint64(0)
         i = start
         while True:
             if i + 8 <= src_size:
-                chunk = (np.uint64(src[i]) | np.uint64(src[i + 1]) << np.uint64(8)
-                         | np.uint64(src[i + 2]) << np.uint64(16)
-                         | np.uint64(src[i + 3]) << np.uint64(24)
-                         | np.uint64(src[i + 4]) << np.uint64(32)
-                         | np.uint64(src[i + 5]) << np.uint64(40)
-                         | np.uint64(src[i + 6]) << np.uint64(48)
-                         | np.uint64(src[i + 7]) << np.uint64(56))
+                chunk = load8(src, i)
                 if end - i < 8:
                     chunk &= _ALL_ONES >> np.uint64(64 - 8 * (end - i))
             else:  # near the end of src: byte by byte, same value

@@ -12,6 +12,7 @@ point without validating it and looks it up in a scanner's table. ASCII never re
 from __future__ import annotations
 
 import functools
+import sys
 
 from typing import NamedTuple
 
@@ -73,13 +74,32 @@ def char_flags() -> np.ndarray:
     return flags
 
 
-@njit(inline="always")
-def load8(buf, i):
-    """Bytes buf[i:i + 8] as a little-endian uint64 (one load: LLVM merges the byte loads)."""
-    return (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
-            | np.uint64(buf[i + 2]) << np.uint64(16) | np.uint64(buf[i + 3]) << np.uint64(24)
-            | np.uint64(buf[i + 4]) << np.uint64(32) | np.uint64(buf[i + 5]) << np.uint64(40)
-            | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
+def _byte_pointer(context, builder, arraytype, array, index, indextype):
+    """LLVM: the address of array[index] (a uint8 array), with no wraparound or bounds check."""
+    data = context.make_array(arraytype)(context, builder, array)
+    index = context.cast(builder, index, indextype, types.intp)
+    return cgutils.get_item_pointer(context, builder, arraytype, data, [index])
+
+
+@intrinsic
+def load8(typingctx, buf, i):
+    """Bytes buf[i:i + 8] as a little-endian uint64: one unaligned 8-byte load (the caller
+    ensures the bytes exist). Written as eight indexed byte reads, each read also checks for a
+    negative index (Numba's wraparound), which keeps LLVM from merging them: 8 loads and 16
+    more instructions."""
+    if not (isinstance(buf, types.Array) and buf.dtype == types.uint8 and buf.layout == "C"
+            and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        address = _byte_pointer(context, builder, signature.args[0], args[0], args[1],
+                                signature.args[1])
+        word = builder.load(builder.bitcast(address, ir.IntType(64).as_pointer()), align=1)
+        if sys.byteorder == "big":
+            word = builder.bswap(word)
+        return word
+
+    return types.uint64(buf, i), codegen
 
 
 class AsciiBlock(NamedTuple):
@@ -112,10 +132,8 @@ def ascii_block(typingctx, buf, p):
         return None
 
     def codegen(context, builder, signature, args):
-        arraytype = signature.args[0]
-        data = context.make_array(arraytype)(context, builder, args[0])
-        index = context.cast(builder, args[1], signature.args[1], types.intp)
-        address = cgutils.get_item_pointer(context, builder, arraytype, data, [index])
+        address = _byte_pointer(context, builder, signature.args[0], args[0], args[1],
+                                signature.args[1])
         byte = ir.IntType(8)
         vector = ir.VectorType(byte, 64)
         x = builder.load(builder.bitcast(address, vector.as_pointer()), align=1)
@@ -190,10 +208,7 @@ def first_invalid_utf8(buf, start, end):
     i = start
     while i < end:
         if i + 8 <= end:
-            word = (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
-                    | np.uint64(buf[i + 2]) << np.uint64(16) | np.uint64(buf[i + 3]) << np.uint64(24)
-                    | np.uint64(buf[i + 4]) << np.uint64(32) | np.uint64(buf[i + 5]) << np.uint64(40)
-                    | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
+            word = load8(buf, i)
             if word & _HIGH_BITS == 0:
                 i += 8
                 continue

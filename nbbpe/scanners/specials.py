@@ -11,6 +11,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .classes import load8
+
 
 class Specials(NamedTuple):
     """Special tokens: their UTF-8 bytes end to end, longest first, with offsets, an id for
@@ -49,11 +51,7 @@ def _skip_to_byte(buf, i, end, byte):
     hold none (a SWAR zero-byte test, exact: no false negatives)."""
     pattern = _ONES * np.uint64(byte)
     while i + 8 <= end:
-        x = (np.uint64(buf[i]) | np.uint64(buf[i + 1]) << np.uint64(8)
-             | np.uint64(buf[i + 2]) << np.uint64(16) | np.uint64(buf[i + 3]) << np.uint64(24)
-             | np.uint64(buf[i + 4]) << np.uint64(32) | np.uint64(buf[i + 5]) << np.uint64(40)
-             | np.uint64(buf[i + 6]) << np.uint64(48) | np.uint64(buf[i + 7]) << np.uint64(56))
-        x ^= pattern  # a zero byte where buf holds `byte`
+        x = load8(buf, i) ^ pattern  # a zero byte where buf holds `byte`
         if ~(((x & _LOW7) + _LOW7) | x | _LOW7) != 0:
             return i
         i += 8
