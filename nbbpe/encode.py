@@ -798,6 +798,23 @@ _UINT8 = np.dtype(np.uint8)
 _frombuffer = np.frombuffer
 
 
+def load_rare_kernels(ranks: Ranks, vocab: Table) -> None:
+    """Load the kernels encoding calls only now and then (for a pre-token of more than
+    `_HEAP_ABOVE` bytes, or a cache that grows) if they are in Numba's cache, so that their
+    first use does not load them then: loading takes ~10 ms holding the GIL, which on a first
+    batch stops every other thread (a first 2-thread batch of multi_1M took 29 ms, 21 with them
+    loaded). Not cached yet: they compile when first needed, as before."""
+    from .encode_tables import _rehash
+    from .kernel_cache import cached
+
+    if cached(encode_long_piece):
+        text = np.frombuffer(b"x" * (_HEAP_ABOVE + 1), dtype=np.uint8)  # the types of real calls
+        encode_long_piece(text, 0, len(text), ranks, vocab, np.empty(len(text), np.int32))
+    if cached(_rehash):
+        small = new_table(1, 16, 8)._replace(learns=True)
+        _rehash(small, new_table(2, 16, 8)._replace(learns=True))
+
+
 def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> np.ndarray:
     """The ids of the pre-token buf[start:start + length] (more than `_HEAP_ABOVE` bytes)."""
     out = np.empty(length, dtype=np.int32)

@@ -720,6 +720,7 @@ class _Engine(NamedTuple):
         if kernel is not None:
             class_table = encode.encoder_for(t._family, mode)[0]
             documents = encode.DocumentEncoder(kernel, class_table, specials, ranks, vocab_table)
+        encode.load_rare_kernels(ranks, vocab_table)
         return cls(ranks, vocab_table, specials, documents)
 
     def run_pieces(self, data, offsets, special_slots, special_ids, state):
