@@ -360,8 +360,9 @@ class Tokenizer:
             raise TypeError("encode_batch expects a sequence of str, not a single str "
                             "(use encode, or wrap it in a list)")
         texts = list(texts)
-        for k, text in enumerate(texts):
-            _check_text(text, f"encode_batch: text {k}")
+        if not all(type(text) is str for text in texts):  # then name the first that is not
+            for k, text in enumerate(texts):
+                _check_text(text, f"encode_batch: text {k}")
         threads = _thread_count(num_threads, texts)
         if threads == 1:
             parts = [self._encode_group(texts)]
@@ -476,8 +477,11 @@ class Tokenizer:
             parts = [self._encode_text(text) for text in texts]
             ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
             return (np.concatenate(parts) if parts else _NO_IDS), ends
-        data = [_utf8(text) for text in texts]
-        doc_ends = np.cumsum([len(d) for d in data], dtype=np.int64)
+        try:
+            data = [text.encode() for text in texts]
+        except UnicodeEncodeError:  # lone surrogates somewhere
+            data = [_utf8(text) for text in texts]
+        doc_ends = np.fromiter(map(len, data), dtype=np.int64, count=len(data)).cumsum()
         return self.encode_utf8(b"".join(data), doc_ends)
 
     def _encode_text(self, text: str) -> np.ndarray:
