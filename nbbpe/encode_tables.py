@@ -1,15 +1,15 @@
 """Tables of encoded pre-tokens: pre-token bytes -> token ids, for the encoding kernels.
 
 The *vocab table*, built once per tokenizer and shared read-only by every thread, holds every
-token's own bytes with the ids they encode to: the common words (about 85% of the pre-tokens of
-web text are one token). Each thread encodes with its own *cache* (`ThreadCache`), which starts
+single byte and every token's own bytes with the ids they encode to: the common words (about
+85% of the pre-tokens of web text are one token). Each thread encodes with its own *cache* (`ThreadCache`), which starts
 as a copy of the vocab table and remembers every other pre-token the thread encodes, growing
 (4 times larger, rehashed) up to `cache_size` of them; past that it starts again from the vocab
 table, so memory stays bounded. The lookup of any pre-token is one probe of one table.
 
 A slot is four int64, `[k0, k1, meta, ext]`, so two share a 64-byte cache line:
 
-- a pre-token of 2 to 16 bytes is its own key: k0 and k1 its bytes packed little-endian (zero
+- a pre-token of 1 to 16 bytes is its own key: k0 and k1 its bytes packed little-endian (zero
   padded), its length in `meta`'s low byte. A lookup is one multiply and usually one probe, and
   compares no bytes elsewhere;
 - a longer one is keyed by two hashes of its bytes (k0, k1), with the length byte `LONG`; its
