@@ -39,7 +39,7 @@ from numba import njit
 from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 from . import classes
-from .classes import ascii_block, char_flags, entry_at, every_code_point, run_end
+from .classes import ascii_prefix, char_flags, entry_at, every_code_point, run_end
 from .spans import scan_segments
 
 # Bits of `class_table()`: the class in the low bits ...
@@ -308,21 +308,10 @@ def cl100k_block_boundaries(buf, table, p):
     bits given. Bytes before p are never read: that p starts a pre-token stands in for them (an
     O at p joins the letters after it, numbers from p are cut in threes from p).
     """
-    non_ascii, upper, lower, numbers, whitespace, blanks, newlines, apostrophes, _ = (
-        ascii_block(buf, p))
+    n, upper, lower, numbers, whitespace, blanks, newlines, apostrophes, _ = ascii_prefix(buf, p)
+    if n < _MIN_ASCII:
+        return np.uint64(0)  # the caller scans one pre-token at a time
     letters = upper | lower
-    n = np.int64(64)  # bytes buf[p:p + n] are ASCII
-    if non_ascii:  # what it is and what follows decide nothing before n - 2
-        n = np.int64(trailing_zeros(non_ascii))
-        if n < _MIN_ASCII:
-            return np.uint64(0)  # the caller scans one pre-token at a time
-        ascii_part = (np.uint64(1) << np.uint64(n)) - np.uint64(1)  # the bytes from n on: "other"
-        letters &= ascii_part
-        numbers &= ascii_part
-        whitespace &= ascii_part
-        blanks &= ascii_part
-        newlines &= ascii_part
-        apostrophes &= ascii_part
     one = np.uint64(1)
     two = np.uint64(2)
     decidable = (one << np.uint64(n - 2)) - one  # bits 0..n - 3

@@ -21,6 +21,7 @@ import regex
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
+from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
 N_CODE_POINTS = 0x110000
@@ -74,11 +75,20 @@ def char_flags() -> np.ndarray:
     return flags
 
 
-def _byte_pointer(context, builder, arraytype, array, index, indextype):
-    """LLVM: the address of array[index] (a uint8 array), with no wraparound or bounds check."""
-    data = context.make_array(arraytype)(context, builder, array)
-    index = context.cast(builder, index, indextype, types.intp)
-    return cgutils.get_item_pointer(context, builder, arraytype, data, [index])
+def _bytes_and_index(buf, i) -> bool:
+    """Whether an intrinsic reading buf[i:] applies to these argument types."""
+    return (isinstance(buf, types.Array) and buf.dtype == types.uint8 and buf.layout == "C"
+            and isinstance(i, types.Integer))
+
+
+def _load_at(context, builder, signature, args, lltype):
+    """LLVM: an unaligned load of an `lltype` value at buf[i] (args: buf, i), with no
+    wraparound or bounds check."""
+    arraytype, indextype = signature.args
+    data = context.make_array(arraytype)(context, builder, args[0])
+    index = context.cast(builder, args[1], indextype, types.intp)
+    address = cgutils.get_item_pointer(context, builder, arraytype, data, [index])
+    return builder.load(builder.bitcast(address, lltype.as_pointer()), align=1)
 
 
 @intrinsic
@@ -87,14 +97,11 @@ def load8(typingctx, buf, i):
     ensures the bytes exist). Written as eight indexed byte reads, each read also checks for a
     negative index (Numba's wraparound), which keeps LLVM from merging them: 8 loads and 16
     more instructions."""
-    if not (isinstance(buf, types.Array) and buf.dtype == types.uint8 and buf.layout == "C"
-            and isinstance(i, types.Integer)):
+    if not _bytes_and_index(buf, i):
         return None
 
     def codegen(context, builder, signature, args):
-        address = _byte_pointer(context, builder, signature.args[0], args[0], args[1],
-                                signature.args[1])
-        word = builder.load(builder.bitcast(address, ir.IntType(64).as_pointer()), align=1)
+        word = _load_at(context, builder, signature, args, ir.IntType(64))
         if sys.byteorder == "big":
             word = builder.bswap(word)
         return word
@@ -127,16 +134,13 @@ def ascii_block(typingctx, buf, p):
     into a mask (on x86, `pcmpgtb` and `pmovmskb`): a block is classified in a few dozen
     instructions instead of a few hundred for eight bytes at a time (SWAR). The block
     scanners use the masks they need; LLVM drops the others."""
-    if not (isinstance(buf, types.Array) and buf.dtype == types.uint8 and buf.layout == "C"
-            and isinstance(p, types.Integer)):
+    if not _bytes_and_index(buf, p):
         return None
 
     def codegen(context, builder, signature, args):
-        address = _byte_pointer(context, builder, signature.args[0], args[0], args[1],
-                                signature.args[1])
         byte = ir.IntType(8)
         vector = ir.VectorType(byte, 64)
-        x = builder.load(builder.bitcast(address, vector.as_pointer()), align=1)
+        x = _load_at(context, builder, signature, args, vector)
 
         def splat(value):
             return ir.Constant(vector, [ir.Constant(byte, value)] * 64)
@@ -159,6 +163,29 @@ def ascii_block(typingctx, buf, p):
         return context.make_tuple(builder, signature.return_type, masks)
 
     return types.UniTuple(types.uint64, 9)(buf, p), codegen
+
+
+@njit(inline="always")
+def ascii_prefix(buf, p):
+    """(n, masks): `ascii_block`'s masks of buf[p:p + 64] but `non_ascii`, where the block is
+    ASCII up to byte n (64 for all of it) and the bytes from n on have no class bit (they count
+    as "other"): what the block scanners cut, each deciding only the starts that bytes below n
+    decide."""
+    non_ascii, upper, lower, digits, whitespace, blanks, newlines, apostrophes, slashes = (
+        ascii_block(buf, p))
+    n = np.int64(64)
+    if non_ascii:
+        n = np.int64(trailing_zeros(non_ascii))
+        keep = (np.uint64(1) << np.uint64(n)) - np.uint64(1)
+        upper &= keep
+        lower &= keep
+        digits &= keep
+        whitespace &= keep
+        blanks &= keep
+        newlines &= keep
+        apostrophes &= keep
+        slashes &= keep
+    return n, upper, lower, digits, whitespace, blanks, newlines, apostrophes, slashes
 
 
 @njit(cache=True, nogil=True, _nrt=False)

@@ -127,7 +127,7 @@ def gpt2_block_boundaries(buf, table, p):
     non_ascii, upper, lower, numbers, spaces, blanks, _, apostrophes, _ = ascii_block(buf, p)
     one = np.uint64(1)
     n = np.uint64(64)
-    if non_ascii:
+    if non_ascii:  # unlike cl100k's and o200k's rules, these need no masking beyond n
         n = np.uint64(trailing_zeros(non_ascii))
         if n < _MIN_ASCII:
             return np.uint64(0)

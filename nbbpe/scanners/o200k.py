@@ -51,7 +51,7 @@ from . import classes
 from .cl100k import (_after_newline_starts, _before_trailing_whitespace, _digit_starts,
                      _runs_after, _suffix_length, check_ascii_entries, contraction_codes,
                      whitespace_run)
-from .classes import ascii_block, char_flags, entry_at, run_end
+from .classes import ascii_prefix, char_flags, entry_at, run_end
 from .spans import scan_segments
 
 # Bits of `class_table()`: the classes in the low byte ...
@@ -215,22 +215,10 @@ def o200k_block_boundaries(buf, table, p):
       is an O like any other.
     The suffix makes bit k depend on bytes up to k + 2, hence bits up to n - 3 only.
     """
-    non_ascii, upper, lower, numbers, whitespace, blanks, newlines, apostrophes, slashes = (
-        ascii_block(buf, p))
-    n = np.int64(64)  # bytes buf[p:p + n] are ASCII
-    if non_ascii:  # what it is and what follows decide nothing before n - 2
-        n = np.int64(trailing_zeros(non_ascii))
-        if n < _MIN_ASCII:
-            return np.uint64(0)  # the caller scans one pre-token at a time
-        ascii_part = (np.uint64(1) << np.uint64(n)) - np.uint64(1)  # the bytes from n on: "other"
-        upper &= ascii_part
-        lower &= ascii_part
-        numbers &= ascii_part
-        whitespace &= ascii_part
-        blanks &= ascii_part
-        newlines &= ascii_part
-        slashes &= ascii_part
-        apostrophes &= ascii_part
+    n, upper, lower, numbers, whitespace, blanks, newlines, apostrophes, slashes = (
+        ascii_prefix(buf, p))
+    if n < _MIN_ASCII:
+        return np.uint64(0)  # the caller scans one pre-token at a time
     one = np.uint64(1)
     two = np.uint64(2)
     decidable = (one << np.uint64(n - 2)) - one  # bits 0..n - 3
