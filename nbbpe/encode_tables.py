@@ -33,13 +33,12 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .scanners.classes import load8
+from .scanners.classes import load_upto8
 
 MAX_SHORT = 16  # pre-tokens up to this many bytes are their own key
 LONG = np.int64(255)  # the length byte of a hashed key
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
 _MIX = np.uint64(0xC2B2AE3D27D4EB4F)
-_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 _LOW32 = np.int64(0xFFFFFFFF)
 
 
@@ -125,20 +124,6 @@ def _copy(table: Table, max_entries: int, record_items: int) -> Table:
     return bigger
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def _load_upto8(buf, i, end):
-    """Bytes buf[i:min(end, i + 8)] as a little-endian uint64, zero padded."""
-    if i + 8 <= buf.shape[0]:
-        word = load8(buf, i)
-        if end - i < 8:
-            word &= _ALL_ONES >> np.uint64(64 - 8 * (end - i))
-        return word
-    word = np.uint64(0)
-    for m in range(min(end, i + 8) - 1, i - 1, -1):
-        word = (word << np.uint64(8)) | np.uint64(buf[m])
-    return word
-
-
 @njit(inline="always")
 def short_hash(k0, k1, length):
     """The hash of a pre-token of 1 to 16 bytes, packed as k0, k1."""
@@ -150,16 +135,16 @@ def key_of(buf, start, end):
     """(k0, k1, length byte, hash) of pre-token buf[start:end], of two or more bytes."""
     length = end - start
     if length <= MAX_SHORT:
-        k0 = _load_upto8(buf, start, end)
+        k0 = load_upto8(buf, start, end)
         k1 = np.uint64(0)
         if length > 8:
-            k1 = _load_upto8(buf, start + 8, end)
+            k1 = load_upto8(buf, start + 8, end)
         return np.int64(k0), np.int64(k1), np.int64(length), short_hash(k0, k1, length)
     h0 = np.uint64(length)
     h1 = _MIX
     i = start
     while i < end:
-        word = _load_upto8(buf, i, end)
+        word = load_upto8(buf, i, end)
         h0 = (h0 ^ word) * _GOLDEN
         h0 ^= h0 >> np.uint64(29)
         h1 = (h1 + word) * _MIX

@@ -27,13 +27,12 @@ from .kernel_cache import announce_compiling, cached
 from .patterns import validate_special_tokens
 from .scanners import cl100k, gpt2, o200k
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
-from .scanners.classes import load8
+from .scanners.classes import load_upto8
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
 from .scanners.o200k import o200k_block_boundaries, o200k_pretoken_end
 from .scanners.specials import make_specials, next_special
 from .scanners.spans import WINDOW, scan_window
 
-_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing into slots
 _LONG = np.uint64(15)  # length code of words longer than 8 bytes, keyed by a hash
 _CODE_MASK = np.uint64(15)
@@ -111,7 +110,6 @@ def _add_spans(src, first_start, ends, weights, n_spans, slots, bits, word_offse
     first_start) for t < n_spans; return the new number of words. The table must have room."""
     mask = (1 << bits) - 1
     shift = np.uint64(64 - bits)
-    src_size = src.shape[0]
     start = first_start
     for t in range(n_spans):
         end = ends[t]
@@ -121,14 +119,7 @@ def _add_spans(src, first_start, ends, weights, n_spans, slots, bits, word_offse
         key = np.uint64(0)
         i = start
         while True:
-            if i + 8 <= src_size:
-                chunk = load8(src, i)
-                if end - i < 8:
-                    chunk &= _ALL_ONES >> np.uint64(64 - 8 * (end - i))
-            else:  # near the end of src: byte by byte, same value
-                chunk = np.uint64(0)
-                for m in range(min(end, i + 8) - 1, i - 1, -1):
-                    chunk = (chunk << np.uint64(8)) | np.uint64(src[m])
+            chunk = load_upto8(src, i, end)
             if length <= 8:
                 key = chunk
                 break

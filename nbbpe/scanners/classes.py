@@ -25,6 +25,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
 N_CODE_POINTS = 0x110000
+_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 # Flag bits of `char_flags()`.
 UPPER = 1  # \p{Lu} or \p{Lt}
@@ -107,6 +108,21 @@ def load8(typingctx, buf, i):
         return word
 
     return types.uint64(buf, i), codegen
+
+
+@njit(inline="always")
+def load_upto8(buf, i, end):
+    """Bytes buf[i:min(end, i + 8)] as a little-endian uint64, zero padded: one load, or byte
+    by byte where buf ends before i + 8."""
+    if i + 8 <= buf.shape[0]:
+        word = load8(buf, i)
+        if end - i < 8:
+            word &= _ALL_ONES >> np.uint64(64 - 8 * (end - i))
+        return word
+    word = np.uint64(0)
+    for m in range(min(end, i + 8) - 1, i - 1, -1):
+        word = (word << np.uint64(8)) | np.uint64(buf[m])
+    return word
 
 
 class AsciiBlock(NamedTuple):
