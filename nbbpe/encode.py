@@ -14,8 +14,9 @@ Data, all flat arrays in NamedTuples (Numba passes them as structs):
   ids (left << id_bits | right) above the pair's rank, and for the pairs of small ids a dense
   table of their ranks; the merged id comes from `merged`;
 - tables of encoded pre-tokens (`encode_tables.py`): the vocab table, shared by all threads,
-  holds every token's own bytes with their ids, and each thread's cache every other pre-token
-  it met. Most pre-tokens are found in the vocab table; a merge runs once per new pre-token.
+  holds the single bytes and every token's own bytes with their ids, and each thread's cache
+  every other pre-token it met. Most pre-tokens are found in the vocab table; a merge runs once
+  per new pre-token.
 
 Two merge orders, both exact:
 
@@ -125,6 +126,12 @@ def build_ranks(left, right, rank, merged_of_rank, byte_ids, mode: int) -> Ranks
     return Ranks(slots, 64 - bits, id_bits, rank_bits,
                  np.ascontiguousarray(merged_of_rank, dtype=np.int32),
                  np.ascontiguousarray(byte_ids, dtype=np.int32), mode, dense, dense_bits)
+
+
+def _no_merges(byte_ids, mode: int) -> Ranks:
+    """`Ranks` in which no pair merges, built without a kernel (tables of the right types)."""
+    return Ranks(np.full(16, _EMPTY), 60, 8, 47, np.zeros(1, np.int32),
+                 np.ascontiguousarray(byte_ids, dtype=np.int32), mode, np.full(1, -1, np.int32), 0)
 
 
 @njit(cache=True, nogil=True)
@@ -533,8 +540,8 @@ def encode_gpt2_ranks(buf, table, doc_ends, separator, specials, ranks, cache, s
 def encode_cl100k_merges(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
                          out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with cl100k's scanner, in MERGES order."""
-    return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, _encode_new_merges, buf, table,
-                            doc_ends, separator, specials, ranks, cache, scratch, out,
+    return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, _encode_new_merges, buf,
+                            table, doc_ends, separator, specials, ranks, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 
 
@@ -542,8 +549,8 @@ def encode_cl100k_merges(buf, table, doc_ends, separator, specials, ranks, cache
 def encode_cl100k_ranks(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
                         out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with cl100k's scanner, in RANKS order."""
-    return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, _encode_new_ranks, buf, table,
-                            doc_ends, separator, specials, ranks, cache, scratch, out,
+    return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, _encode_new_ranks, buf,
+                            table, doc_ends, separator, specials, ranks, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 
 
@@ -551,8 +558,8 @@ def encode_cl100k_ranks(buf, table, doc_ends, separator, specials, ranks, cache,
 def encode_o200k_merges(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
                         out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with o200k's scanner, in MERGES order."""
-    return encode_documents(o200k_pretoken_end, o200k_block_boundaries, _encode_new_merges, buf, table,
-                            doc_ends, separator, specials, ranks, cache, scratch, out,
+    return encode_documents(o200k_pretoken_end, o200k_block_boundaries, _encode_new_merges, buf,
+                            table, doc_ends, separator, specials, ranks, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 
 
@@ -560,8 +567,8 @@ def encode_o200k_merges(buf, table, doc_ends, separator, specials, ranks, cache,
 def encode_o200k_ranks(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
                        out, doc_out_ends, out_base, doc, i):
     """`encode_documents` with o200k's scanner, in RANKS order."""
-    return encode_documents(o200k_pretoken_end, o200k_block_boundaries, _encode_new_ranks, buf, table,
-                            doc_ends, separator, specials, ranks, cache, scratch, out,
+    return encode_documents(o200k_pretoken_end, o200k_block_boundaries, _encode_new_ranks, buf,
+                            table, doc_ends, separator, specials, ranks, cache, scratch, out,
                             doc_out_ends, out_base, doc, i)
 
 
@@ -580,8 +587,7 @@ def warm_up(family: str, mode: int) -> None:
 
     # Tables of the right types, built without a kernel: the process that asked for this one
     # compiles those that fill tables (`_fill_ranks`, `_fill_vocab_table`) meanwhile.
-    ranks = Ranks(np.full(16, _EMPTY), 60, 8, 47, np.zeros(1, np.int32),
-                  np.arange(256, dtype=np.int32), mode, np.full(1, -1, np.int32), 0)
+    ranks = _no_merges(np.arange(256, dtype=np.int32), mode)
     vocab = new_table(16, _HEAP_ABOVE, 64)
     table, kernel = encoder_for(family, mode)
     buf = np.frombuffer(b"ab ab<|x|>", dtype=np.uint8)
@@ -747,9 +753,7 @@ def _token_id(buf, start, end, byte_ids, vocab):
 def build_split_ranks(token_bytes, token_offsets, token_ids, byte_ids, n_vocab: int) -> Ranks:
     """The `Ranks` of a rank file (RANKS order; ids are ranks) whose regular tokens are
     `token_ids`: every pair of tokens whose joined bytes are a token merges into it."""
-    placeholder = Ranks(np.full(16, _EMPTY), 60, 8, 47, np.zeros(1, np.int32),
-                        np.ascontiguousarray(byte_ids, dtype=np.int32), RANKS,
-                        np.full(1, -1, np.int32), 0)
+    placeholder = _no_merges(byte_ids, RANKS)
     vocab = build_vocab_table(token_bytes, token_offsets, token_ids, placeholder)
     token_ids = np.ascontiguousarray(token_ids, dtype=np.int64)
     cuts = int(np.maximum(token_offsets[token_ids + 1] - token_offsets[token_ids] - 1, 0).sum())

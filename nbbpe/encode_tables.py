@@ -2,10 +2,11 @@
 
 The *vocab table*, built once per tokenizer and shared read-only by every thread, holds every
 single byte and every token's own bytes with the ids they encode to: the common words (about
-85% of the pre-tokens of web text are one token). Each thread encodes with its own *cache* (`ThreadCache`), which starts
-as a copy of the vocab table and remembers every other pre-token the thread encodes, growing
-(4 times larger, rehashed) up to `cache_size` of them; past that it starts again from the vocab
-table, so memory stays bounded. The lookup of any pre-token is one probe of one table.
+85% of the pre-tokens of web text are one token). Each thread encodes with its own *cache*
+(`ThreadCache`), which starts as a copy of the vocab table and remembers every other pre-token
+the thread encodes, growing (4 times larger, rehashed) up to `cache_size` of them; past that it
+starts again from the vocab table, so memory stays bounded. The lookup of any pre-token is one
+probe of one table.
 
 A slot is four int64, `[k0, k1, meta, ext]`, so two share a 64-byte cache line:
 
