@@ -416,7 +416,7 @@ def _write_shards(ids_in_order, shard_of: list[int], directory: str, dtype: np.d
                     _finish_shard(writer, shards)
                 shards.append((f"shard_{shard:05d}.bin", 0))
                 writer = _TokenWriter(os.path.join(directory, shards[-1][0]) + PARTIAL_SUFFIX,
-                                             dtype)
+                                      dtype)
             writer.append(ids)
             trim_heap()
         if writer is not None:

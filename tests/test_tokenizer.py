@@ -354,6 +354,7 @@ def test_encode_utf8_takes_bytes_and_arrays_of_any_writability_and_index_type(gp
             bounds = [0, *doc_out_ends.tolist()]
             assert [ids[a:b].tolist() for a, b in zip(bounds, bounds[1:])] == expected
 
+
 def test_a_tiny_cache_is_emptied_and_gives_the_same_ids(gpt2, gpt2_files):
     tokenizer = Tokenizer(*gpt2_files, [EOT], cache_size=3)
     uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)

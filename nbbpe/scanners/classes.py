@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import sys
-
 from typing import NamedTuple
 
 import numpy as np
