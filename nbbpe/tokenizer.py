@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 import regex
 
+from .corpus import iter_safe_boundaries, whitespace_cuts_allowed
 from .patterns import (
     CL100K_PATTERN,
     GPT2_PATTERN,
@@ -363,9 +364,11 @@ class Tokenizer:
         if not all(type(text) is str for text in texts):  # then name the first that is not
             for k, text in enumerate(texts):
                 _check_text(text, f"encode_batch: text {k}")
-        threads = _thread_count(num_threads, texts)
+        threads = _thread_count(num_threads, texts, self._family is not None)
         if threads == 1:
             parts = [self._encode_group(texts)]
+        elif self._family is not None:
+            return self._encode_pieces_on_threads(texts, threads, dtype)
         else:
             # A few groups per thread, taken in turn: a thread that drew easy text takes more.
             groups = _split_evenly(texts, min(len(texts), _GROUPS_PER_THREAD * threads))
@@ -470,6 +473,35 @@ class Tokenizer:
         except AttributeError:  # this thread's first encode
             state = self._thread_state()
         return engine.documents.encode_text(data, state, dtype)
+
+    def _encode_pieces_on_threads(self, texts: list[str], threads: int,
+                                  dtype) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_batch_to_numpy` on `threads` threads, for the compiled patterns: the texts in
+        UTF-8, a text longer than a group cut into pieces where a cut cannot change its ids,
+        and the pieces encoded in groups of about equal size, a few per thread (so one long
+        text does not leave the other threads idle)."""
+        data = [_utf8(text) for text in texts]
+        groups = _GROUPS_PER_THREAD * threads
+        pieces, last_piece = _cut_long_texts(data, sum(map(len, data)) // groups + 1,
+                                             self.special_tokens,
+                                             whitespace_cuts_allowed(self.pattern))
+        parts = list(_thread_pool(threads).map(self._encode_pieces,
+                                               _split_evenly(pieces, min(len(pieces), groups))))
+        piece_ends = np.zeros(len(pieces) + 1, dtype=np.int64)
+        k = 0
+        total = 0
+        for ids, ends in parts:
+            piece_ends[k + 1 : k + 1 + len(ends)] = ends + total
+            k += len(ends)
+            total += len(ids)
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        offsets[1:] = piece_ends[last_piece + 1]
+        return np.concatenate([ids for ids, _ in parts]).astype(dtype, copy=False), offsets
+
+    def _encode_pieces(self, pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """(int32 ids, where each piece's ids end) of UTF-8 `pieces`, in this thread."""
+        ends = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)).cumsum()
+        return self.encode_utf8(b"".join(pieces), ends)
 
     def _encode_group(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(int32 ids, where each text's ids end) of `texts`, in this thread."""
@@ -816,7 +848,9 @@ def _replace_lone_surrogates(text: str) -> str:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def _thread_count(num_threads: int | None, texts: list[str]) -> int:
+def _thread_count(num_threads: int | None, texts: list[str], texts_cut: bool = False) -> int:
+    """The threads worth using for a batch: `num_threads` (default: one per CPU), but no more
+    than the texts (unless long texts are cut, `texts_cut`) and one per 64 KB."""
     if num_threads is None:
         from .workers import default_num_workers
 
@@ -824,7 +858,8 @@ def _thread_count(num_threads: int | None, texts: list[str]) -> int:
     if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
     size = sum(map(len, texts))
-    return max(1, min(num_threads, len(texts), size // _SMALL_BATCH_BYTES + 1))
+    most = num_threads if texts_cut else min(num_threads, len(texts))
+    return max(1, min(most, size // _SMALL_BATCH_BYTES + 1))
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -841,6 +876,27 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
             pool = _pools[threads] = ThreadPoolExecutor(threads,
                                                         thread_name_prefix="nbbpe-encode")
         return pool
+
+
+def _cut_long_texts(data: list[bytes], size: int, special_tokens, whitespace_cuts: bool):
+    """(pieces, last): the UTF-8 texts `data` with each text longer than 2 * `size` bytes cut
+    into pieces of about `size` where no pre-token or special token can span the cut
+    (`corpus.iter_safe_boundaries`: the ids of the pieces, end to end, are the text's), and
+    the index of each text's last piece (an int64 array)."""
+    pieces: list[bytes] = []
+    last = np.empty(len(data), dtype=np.int64)
+    for k, text in enumerate(data):
+        if len(text) > 2 * size:
+            view = memoryview(text)
+            start = 0
+            for cut in iter_safe_boundaries(lambda pos, n: view[pos : pos + n].tobytes(), size,
+                                            special_tokens, whitespace_cuts=whitespace_cuts):
+                pieces.append(text[start:cut])
+                start = cut
+            text = text[start:] if start else text
+        pieces.append(text)
+        last[k] = len(pieces) - 1
+    return pieces, last
 
 
 def _split_evenly(texts: list[str], parts: int) -> list[list[str]]:

@@ -565,6 +565,35 @@ def test_large_batches_on_threads_equal_encode(gpt2):
     assert gpt2.decode_batch(want) == documents  # byte-level BPE is lossless on valid text
 
 
+def test_a_long_text_in_a_batch_is_cut_for_the_threads(gpt2_files):
+    # One text is most of the batch: it is cut (where its ids cannot change) so that every
+    # thread gets work; a special token with a space in it must never be cut through.
+    spaced = "<|end of part|>"
+    tok = Tokenizer(*gpt2_files, [EOT, spaced])
+    long_text = (read("web_sample.txt") + spaced + read("multi_sample.txt") + " " + spaced) * 12
+    batch = ["a short one", long_text, "", read("german.txt")]
+    want = [tok.encode(text) for text in batch]
+    assert len(long_text.encode()) > 1 << 18 and long_text.count(spaced) == 24
+    for threads in (2, 3):
+        ids, offsets = tok.encode_batch_to_numpy(batch, num_threads=threads)
+        assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
+    assert tok.encode_batch([long_text], num_threads=2) == [want[1]]
+
+
+@settings(max_examples=60)
+@given(st.lists(texts, min_size=1, max_size=4), st.integers(1, 40))
+def test_long_texts_are_cut_where_their_ids_cannot_change(gpt2, batch, size):
+    from nbbpe.tokenizer import _cut_long_texts
+
+    data = [text.encode("utf-8", "replace") for text in batch]
+    pieces, last = _cut_long_texts(data, size, gpt2.special_tokens, True)
+    first = [0, *(last[:-1] + 1).tolist()]
+    for k, text in enumerate(data):
+        own = pieces[first[k] : last[k] + 1]
+        assert b"".join(own) == text
+        assert [i for piece in own for i in gpt2.encode(piece.decode())] == gpt2.encode(text.decode())
+
+
 def test_one_tokenizer_shared_by_many_threads(gpt2_files):
     from concurrent.futures import ThreadPoolExecutor
 
