@@ -13,9 +13,9 @@ Data, all flat arrays in NamedTuples (Numba passes them as structs):
 - `Ranks`: the merges as an open-addressing hash table of one int64 per slot, the pair of token
   ids (left << id_bits | right) above the pair's rank, and for the pairs of small ids a dense
   table of their ranks; the merged id comes from `merged`;
-- tables of encoded pre-tokens (`encode_tables.py`): the vocab table, shared by all threads,
-  holds the single bytes and every token's own bytes with their ids, and each thread's cache
-  every other pre-token it met. Most pre-tokens are found in the vocab table; a merge runs once
+- tables of encoded pre-tokens (`encode_tables.py`): the vocab table holds the single bytes
+  and every token's own bytes with their ids, and the cache the threads share (a copy of it)
+  every other pre-token they met. Most pre-tokens are found in the vocab table; a merge runs once
   per new pre-token.
 
 Two merge orders, both exact:
@@ -45,13 +45,14 @@ from numba import njit
 from .encode_tables import (
     CACHE_FIRST_ROOM,
     MAX_SHORT,
+    SharedCache,
     Table,
-    ThreadCache,
     copy_ids,
     find,
     home,
     is_full,
     key_of,
+    load_after,
     lookup,
     new_table,
     prefetch,
@@ -452,7 +453,7 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
     become their ids; after each document comes `separator` unless it is negative. Stops early,
     at the start of a pre-token, when `out` might not hold its ids, when it is longer than
     `_HEAP_ABOVE` bytes (then `need` is its length: encode it with `encode_long_piece` and call
-    again after it), or when the cache is full (`need` -1: `ThreadCache.make_room`, then call
+    again after it), or when the cache is full (`need` -1: `SharedCache.make_room`, then call
     again); else `need` is 0.
     `doc_out_ends[d]` receives out_base + the number of ids written up to the end of document d.
     """
@@ -479,9 +480,10 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                     tag = tags[t]
                     if tag:  # nearly all: found in the home slot, one token, written out
                         s = 4 * home(cache, np.uint64(hashes[t]))
-                        meta = cache.slots[s + 2]
-                        if ((meta & 0x3FF) == (tag | 256) and cache.slots[s] == keys0[t]
-                                and cache.slots[s + 1] == keys1[t]):
+                        meta = cache.slots[s + 2]  # then the key, as published with it:
+                        if ((meta & 0x3FF) == (tag | 256)  # see `encode_tables.store`
+                                and load_after(cache.slots, s, meta) == keys0[t]
+                                and load_after(cache.slots, s + 1, meta) == keys1[t]):
                             out[w] = np.int32(meta >> 10)
                             w += 1
                             i = j
@@ -593,7 +595,7 @@ def warm_up(family: str, mode: int) -> None:
     buf = np.frombuffer(b"ab ab<|x|>", dtype=np.uint8)
     out = np.empty(len(buf) + 2, dtype=np.int32)
     kernel(buf, table, np.array([len(buf)], dtype=np.int64), -1, make_specials([("<|x|>", 257)]),
-           ranks, ThreadCache(vocab, 16).table, new_scratch(), out,
+           ranks, SharedCache(vocab, 16).table, new_scratch(), out,
            np.empty(1, dtype=np.int64), 0, 0, 0)
 
 
@@ -768,11 +770,12 @@ def build_split_ranks(token_bytes, token_offsets, token_ids, byte_ids, n_vocab: 
 
 
 class ThreadState:
-    """What one thread's encoding writes to: its cache and its scratch space; and the arguments
-    of the short path's kernel call, ready but for the text (`DocumentEncoder.encode_text`)."""
+    """What one thread's encoding writes to: the tokenizer's shared cache, this thread's scratch
+    space and output buffer; and the arguments of the short path's kernel call, ready but for
+    the text (`DocumentEncoder.encode_text`)."""
 
-    def __init__(self, vocab: Table, cache_size: int):
-        self.cache = ThreadCache(vocab, cache_size)
+    def __init__(self, cache: SharedCache):
+        self.cache = cache
         self.scratch = new_scratch()
         self.out = np.empty(0, dtype=np.int32)  # the kernels' output, reused: no page faults
         self.doc_end = np.empty(1, dtype=np.int64)  # for one text at a time
@@ -790,9 +793,10 @@ class ThreadState:
             self.text_call = None  # its arguments hold the old buffer
         return self.out
 
-    def make_room(self) -> None:
-        """Let the cache grow (`ThreadCache.make_room`)."""
-        self.cache.make_room()
+    def make_room(self, full: Table) -> None:
+        """A kernel found `full`, the cache's table it had, full: let the cache grow
+        (`SharedCache.make_room`), and take up its table."""
+        self.cache.make_room(full)
         self.text_call = None  # its arguments hold the old table
 
 
@@ -851,6 +855,7 @@ class DocumentEncoder:
             result = call(*args)
             if result[1] == 1:  # the document is done
                 return args[8][: result[0]].astype(dtype)
+            result = (result, args[6])
         else:
             buf = _frombuffer(data, _UINT8)
             state.doc_end[0] = len(data)
@@ -875,7 +880,8 @@ class DocumentEncoder:
 
     def _run(self, buf, doc_ends, separator, state, doc_out_ends, dtype, key, result=None):
         """Call the kernel until every document is done, merging the long pre-tokens it stops
-        at and letting the cache grow when it asks; `result`: what a first call returned."""
+        at and letting the cache grow when it asks; `result`: what a first call returned, and
+        the cache table it had."""
         table, specials, ranks, vocab = self.tables
         n_docs = len(doc_ends)
         # At most one id per byte, plus the separators (the buffer a first call had).
@@ -885,15 +891,18 @@ class DocumentEncoder:
         doc = i = 0
         while True:
             if result is None:
-                key_now = (key, state.cache.table.learns)
+                cache = state.cache.table
+                key_now = (key, cache.learns)
                 call = self._entries.get(key_now)
-                args = (buf, table, doc_ends, separator, specials, ranks, state.cache.table,
-                        state.scratch, out, doc_out_ends, total, doc, i)
+                args = (buf, table, doc_ends, separator, specials, ranks, cache, state.scratch,
+                        out, doc_out_ends, total, doc, i)
                 if call is None:  # the first call for these types: through the dispatcher
                     result = self.kernel(*args)
                     self._entries[key_now] = entry_point(self.kernel, args)
                 else:
                     result = call(*args)
+            else:
+                result, cache = result
             w, doc, i, need = result
             result = None
             if doc == n_docs and not parts:  # the common case: one call did it all
@@ -907,7 +916,7 @@ class DocumentEncoder:
                 total += len(parts[-1])
                 i += need
             elif need < 0:
-                state.make_room()
+                state.make_room(cache)
 
 
 def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks: Ranks,
@@ -918,7 +927,8 @@ def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks
     parts = []
     k = 0
     while True:
-        w, k, need = kernel(buf, offsets, special_slots, special_ids, ranks, state.cache.table,
+        cache = state.cache.table
+        w, k, need = kernel(buf, offsets, special_slots, special_ids, ranks, cache,
                             state.scratch, out, k)
         parts.append(out[:w].copy())
         if not need:
@@ -927,5 +937,5 @@ def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks
             parts.append(long_piece_ids(buf, offsets[k], need, ranks, vocab))
             k += 1
         else:
-            state.make_room()
+            state.make_room(cache)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -1,12 +1,19 @@
 """Tables of encoded pre-tokens: pre-token bytes -> token ids, for the encoding kernels.
 
-The *vocab table*, built once per tokenizer and shared read-only by every thread, holds every
-single byte and every token's own bytes with the ids they encode to: the common words (about
-85% of the pre-tokens of web text are one token). Each thread encodes with its own *cache*
-(`ThreadCache`), which starts as a copy of the vocab table and remembers every other pre-token
-the thread encodes, growing (4 times larger, rehashed) up to `cache_size` of them; past that it
+The *vocab table*, built once per tokenizer and never written after, holds every single byte
+and every token's own bytes with the ids they encode to: the common words (about 85% of the
+pre-tokens of web text are one token). The threads encode with one shared *cache*
+(`SharedCache`), which starts as a copy of the vocab table and remembers every other pre-token
+any thread encodes, growing (4 times larger, rehashed) up to `cache_size` of them; past that it
 starts again from the vocab table, so memory stays bounded. The lookup of any pre-token is one
-probe of one table.
+probe of one table, and a pre-token is merged once, not once per thread.
+
+Threads read and add entries at the same time, without a lock (see `store`): a writer claims an
+empty slot by compare-and-swap, writes the key and ids, and publishes the slot by writing `meta`
+last (a release store); a reader loads `meta` first (an acquire load), so it sees a slot either
+empty, being written (`BUSY`: no key matches it), or whole. Slots are never changed once
+published. Growing copies the published slots into a new table, which the threads take up on
+their next call; what they add to the old one meanwhile is forgotten, and merged again if met.
 
 A slot is four int64, `[k0, k1, meta, ext]`, so two share a 64-byte cache line:
 
@@ -21,11 +28,12 @@ A slot is four int64, `[k0, k1, meta, ext]`, so two share a 64-byte cache line:
   its length, its bytes one per item].
 
 About 98% of pre-tokens encode to at most three ids, so a hit is one cache line and nothing
-else. `meta` is 0 for an empty slot.
+else. `meta` is 0 for an empty slot, `BUSY` for one being written.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -41,6 +49,9 @@ LONG = np.int64(255)  # the length byte of a hashed key
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
 _MIX = np.uint64(0xC2B2AE3D27D4EB4F)
 _LOW32 = np.int64(0xFFFFFFFF)
+# `meta` of a slot claimed but not yet published: its length byte (0) and count-and-flag bits
+# match no key's, so lookups pass over it.
+BUSY = np.int64(512)
 
 
 class Table(NamedTuple):
@@ -52,7 +63,7 @@ class Table(NamedTuple):
     shift: int  # 64 - log2(number of slots)
     max_entries: int  # so probes stay short: at most 3/4 of the slots
     max_key_len: int  # longer pre-tokens are never stored
-    learns: bool  # a thread's cache; the shared vocab table is never written after it is built
+    learns: bool  # a cache; the vocab table is never written after it is built
 
 
 def new_table(max_entries: int, max_key_len: int, record_items: int) -> Table:
@@ -78,14 +89,16 @@ def with_room(table: Table) -> Table:
     return table._replace(max_entries=3 * (len(table.slots) >> 2) // 4)
 
 
-class ThreadCache:
-    """A thread's cache (`table`, see the module docstring): a copy of the vocab table that
-    learns up to `limit` more pre-tokens. The kernels store into it until it is full and then
-    return; `make_room` grows it, or starts it again from the vocab table at the limit."""
+class SharedCache:
+    """The cache of one tokenizer (`table`, see the module docstring), shared by its threads: a
+    copy of the vocab table that learns up to `limit` more pre-tokens. The kernels store into it
+    until it is full and then return; `make_room` grows it, or starts it again from the vocab
+    table at the limit."""
 
     def __init__(self, vocab: Table, limit: int):
         self.vocab = vocab
         self.limit = limit
+        self._lock = threading.Lock()
         self.table = self._fresh()
 
     def _fresh(self) -> Table:
@@ -95,25 +108,31 @@ class ThreadCache:
         room = min(self.limit, max(vocab.max_entries - int(vocab.fill[1]), CACHE_FIRST_ROOM))
         return _copy(vocab, int(vocab.fill[1]) + room, len(vocab.records) + 8 * room)
 
-    def make_room(self) -> None:
-        """Called when the table `is_full`: quadruple its room (each growth rehashes it all),
-        up to the limit; then start again."""
-        t = self.table
-        learned = int(t.fill[1] - self.vocab.fill[1])
-        if learned >= self.limit:
-            times = int(t.fill[2])
-            self.table = self._fresh()
-            self.table.fill[2] = times + 1
-            return
-        room = min(self.limit, 4 * max(learned, 1))
-        self.table = _copy(t, int(self.vocab.fill[1]) + room, 4 * len(t.records))
+    def make_room(self, full: Table) -> None:
+        """Called when `full`, the table a kernel had, `is_full`: quadruple its room (each
+        growth rehashes it all), up to the limit; then start again. If another thread has
+        already replaced it, there is nothing to do: the caller takes up `table` again."""
+        with self._lock:
+            if self.table is not full:
+                return
+            learned = int(full.fill[1] - self.vocab.fill[1])
+            if learned >= self.limit:
+                times = int(full.fill[2])
+                table = self._fresh()
+                table.fill[2] = times + 1
+            else:
+                room = min(self.limit, 4 * max(learned, 1))
+                table = new_table(int(self.vocab.fill[1]) + room, full.max_key_len,
+                                  4 * len(full.records))._replace(learns=True)
+                _rehash(full, table)  # read while other threads may still add to it
+            self.table = table
 
 
 def _copy(table: Table, max_entries: int, record_items: int) -> Table:
-    """A learning copy of `table` with room for `max_entries` entries and `record_items`. When
-    its slots have the room they are copied as they are: the vocab table is built with room for
-    a cache's first entries (`with_room`), so a thread's new cache is a copy of memory, not a
-    rehash (3-10 ms per thread, more than encoding a few documents)."""
+    """A learning copy of `table` (one no thread writes to) with room for `max_entries` entries
+    and `record_items`. When its slots have the room they are copied as they are: the vocab
+    table is built with room for a cache's first entries (`with_room`), so a new cache is a
+    copy of memory, not a rehash (3-10 ms, more than encoding a few documents)."""
     if max_entries <= table.max_entries:
         records = np.zeros(max(record_items, len(table.records)), dtype=np.int32)
         used = int(table.fill[0])
@@ -175,6 +194,97 @@ def prefetch(typingctx, array, index):
     return types.void(array, types.intp), codegen
 
 
+def _int64_slot(context, builder, signature, args):
+    """LLVM: the address of int64 array[index] (args: array, index), no wraparound check."""
+    arraytype = signature.args[0]
+    data = context.make_array(arraytype)(context, builder, args[0])
+    index = context.cast(builder, args[1], signature.args[1], types.intp)
+    return cgutils.get_item_pointer(context, builder, arraytype, data, [index])
+
+
+def _int64_array_and_index(array, index) -> bool:
+    return (isinstance(array, types.Array) and array.dtype == types.int64
+            and isinstance(index, types.Integer))
+
+
+@intrinsic
+def load_acquire(typingctx, array, index):
+    """array[index], read before any read that follows it in the code (an acquire load: a plain
+    load on x86, which the compiler may not move later reads above)."""
+    if not _int64_array_and_index(array, index):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.load_atomic(_int64_slot(context, builder, signature, args), "acquire", 8)
+
+    return types.int64(array, index), codegen
+
+
+@intrinsic
+def load_after(typingctx, array, index, earlier):
+    """array[index], read after `earlier` (a value read before): the address depends on
+    `earlier` through an empty inline asm the compiler cannot see through, so neither the
+    compiler nor the CPU (which orders loads by address dependency) reads it first. An acquire
+    load ordered every later read in the encode loop and cost 10% there; this orders one."""
+    if not (_int64_array_and_index(array, index) and earlier == types.int64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        opaque = builder.asm(ir.FunctionType(i64, [i64]), "", "=r,0", [args[2]], False)
+        zero = builder.xor(opaque, args[2])  # 0, but only once `earlier` is known
+        address = builder.ptrtoint(_int64_slot(context, builder, signature, args), i64)
+        address = builder.inttoptr(builder.add(address, zero), i64.as_pointer())
+        return builder.load(address, align=8)
+
+    return types.int64(array, index, types.int64), codegen
+
+
+@intrinsic
+def store_release(typingctx, array, index, value):
+    """array[index] = value, written after every write that precedes it in the code (a release
+    store): a reader that sees the value with `load_acquire` sees those writes too."""
+    if not _int64_array_and_index(array, index):
+        return None
+
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[2], signature.args[2], types.int64)
+        builder.store_atomic(value, _int64_slot(context, builder, signature, args), "release", 8)
+        return context.get_dummy_value()
+
+    return types.void(array, index, types.int64), codegen
+
+
+@intrinsic
+def compare_and_swap(typingctx, array, index, expected, value):
+    """Atomically: if array[index] == expected, set it to value. Returns what it held."""
+    if not _int64_array_and_index(array, index):
+        return None
+
+    def codegen(context, builder, signature, args):
+        address = _int64_slot(context, builder, signature, args)
+        expected = context.cast(builder, args[2], signature.args[2], types.int64)
+        value = context.cast(builder, args[3], signature.args[3], types.int64)
+        pair = builder.cmpxchg(address, expected, value, "acq_rel", "acquire")
+        return builder.extract_value(pair, 0)
+
+    return types.int64(array, index, types.int64, types.int64), codegen
+
+
+@intrinsic
+def fetch_add(typingctx, array, index, value):
+    """Atomically add value to array[index]; return what it held."""
+    if not _int64_array_and_index(array, index):
+        return None
+
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[2], signature.args[2], types.int64)
+        return builder.atomic_rmw("add", _int64_slot(context, builder, signature, args), value,
+                                  "acq_rel")
+
+    return types.int64(array, index, types.int64), codegen
+
+
 @njit(inline="always")
 def home(table, h):
     """The slot where the search for a key of hash `h` starts."""
@@ -188,7 +298,7 @@ def find(table, s, k0, k1, tag, buf, start, length):
     slots = table.slots
     mask = (slots.shape[0] >> 2) - 1
     while True:
-        meta = slots[4 * s + 2]
+        meta = load_acquire(slots, 4 * s + 2)  # then the key and ids as published with it
         if meta == 0:
             return -1 - s
         if slots[4 * s] == k0 and slots[4 * s + 1] == k1 and (meta & 255) == tag:
@@ -232,8 +342,9 @@ def copy_ids(table, s, out, w):
 
 @njit(cache=True, nogil=True, _nrt=False)
 def store(table, s, k0, k1, tag, buf, start, length, ids, w, m):
-    """Store pre-token buf[start:start + length] -> ids[w:w + m] at slot s (where `find` said
-    it would go), if the table has room; return whether it had."""
+    """Store pre-token buf[start:start + length] -> ids[w:w + m], at slot s (where `find` said
+    it would go) or, if another thread has taken it since, the next empty slot, if the table
+    has room; return whether it had. Other threads may look up and store at the same time."""
     slots = table.slots
     records = table.records
     fill = table.fill
@@ -241,29 +352,33 @@ def store(table, s, k0, k1, tag, buf, start, length, ids, w, m):
     need = 0 if inline else 1 + m + (length + 1 if tag == LONG else 0)
     if fill[1] >= table.max_entries or fill[0] + need > records.shape[0]:
         return False
-    slots[4 * s] = k0
-    slots[4 * s + 1] = k1
+    ext = np.int64(0)
+    meta = tag
     if inline:
-        ext = np.int64(0)
+        meta = tag | (m << 8) | (np.int64(ids[w]) << 10)
         if m > 1:
             ext = np.int64(ids[w + 1])
             if m > 2:
                 ext |= np.int64(ids[w + 2]) << 32
-        slots[4 * s + 3] = ext
-        slots[4 * s + 2] = tag | (m << 8) | (np.int64(ids[w]) << 10)
     else:
-        r = fill[0]
-        records[r] = m
+        ext = fetch_add(fill, 0, need)  # this thread's own records
+        if ext + need > records.shape[0]:
+            return False  # another thread took the room meanwhile (the cache is then full)
+        records[ext] = m
         for i in range(m):
-            records[r + 1 + i] = ids[w + i]
+            records[ext + 1 + i] = ids[w + i]
         if tag == LONG:
-            records[r + 1 + m] = length
+            records[ext + 1 + m] = length
             for i in range(length):
-                records[r + 2 + m + i] = buf[start + i]
-        slots[4 * s + 3] = r
-        slots[4 * s + 2] = tag
-        fill[0] = r + need
-    fill[1] += 1
+                records[ext + 2 + m + i] = buf[start + i]
+    mask = (slots.shape[0] >> 2) - 1
+    while compare_and_swap(slots, 4 * s + 2, 0, BUSY) != 0:  # taken: the next slot
+        s = (s + 1) & mask
+    slots[4 * s] = k0
+    slots[4 * s + 1] = k1
+    slots[4 * s + 3] = ext
+    store_release(slots, 4 * s + 2, meta)  # published: the writes above are seen with it
+    fetch_add(fill, 1, 1)
     return True
 
 
@@ -286,21 +401,29 @@ def _slot_hash(k0, k1, tag):
 
 @njit(cache=True, nogil=True)
 def _rehash(old, new):
-    """Put every entry of `old` into the empty, larger table `new` (records as they are)."""
+    """Put every published entry of `old` into the empty, larger table `new` (records as they
+    are), while other threads may still add to `old`: each slot's `meta` is read first, and the
+    records after the slots, so every entry copied has its records within those copied."""
     mask = (new.slots.shape[0] >> 2) - 1
+    entries = 0
     for s in range(old.slots.shape[0] >> 2):
-        meta = old.slots[4 * s + 2]
-        if meta == 0:
+        meta = load_acquire(old.slots, 4 * s + 2)
+        if meta == 0 or meta == BUSY:
             continue
         t = home(new, _slot_hash(old.slots[4 * s], old.slots[4 * s + 1], meta & 255))
         while new.slots[4 * t + 2] != 0:
             t = (t + 1) & mask
-        for k in range(4):
-            new.slots[4 * t + k] = old.slots[4 * s + k]
-    for i in range(old.fill[0]):
+        new.slots[4 * t] = old.slots[4 * s]
+        new.slots[4 * t + 1] = old.slots[4 * s + 1]
+        new.slots[4 * t + 3] = old.slots[4 * s + 3]
+        new.slots[4 * t + 2] = meta
+        entries += 1
+    used = min(load_acquire(old.fill, 0), old.records.shape[0])
+    for i in range(used):
         new.records[i] = old.records[i]
-    for i in range(3):
-        new.fill[i] = old.fill[i]
+    new.fill[0] = used
+    new.fill[1] = entries
+    new.fill[2] = old.fill[2]
 
 
 @njit(cache=True, nogil=True, _nrt=False)

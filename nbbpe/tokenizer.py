@@ -15,9 +15,10 @@ never cut inside a stretch between special tokens: a long text is pre-tokenized 
 stretch with `finditer` and encoded a block of pre-tokens at a time, and a stream is held until
 a special token (see `encode_iterable`).
 
-Threads: the kernels release the GIL. The tables are shared read-only; each thread encodes with
-its own cache of encoded pre-tokens (`encode.ThreadState`), so one Tokenizer may be used from
-many threads at once, and `encode_batch` spreads a batch over threads.
+Threads: the kernels release the GIL. The tables are shared read-only, and the cache of encoded
+pre-tokens is shared too (`encode_tables.SharedCache`: threads add to it without a lock), so
+one Tokenizer may be used from many threads at once, a pre-token is merged once whichever thread
+meets it, and `encode_batch` spreads a batch over threads.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class Tokenizer:
     Options: `pattern`, the pre-tokenization regex (GPT-2's by default); `pretokenizer`,
     "auto" (a compiled scanner for GPT-2's, cl100k's and o200k's patterns, `regex` for any
     other), "compiled" (require one) or "regex" (the reference path, for any pattern);
-    `cache_size`, how many encoded pre-tokens each thread remembers (0: none); `block_chars`,
+    `cache_size`, how many encoded pre-tokens it remembers, for all threads (0: none); `block_chars`,
     how much text the `regex` path encodes per kernel call (it bounds temporary memory; the ids
     do not depend on it).
     """
@@ -652,8 +653,7 @@ class Tokenizer:
         if state is None:
             from .encode import ThreadState
 
-            state = self._threads.state = ThreadState(self._get_engine().vocab_table,
-                                                      self._cache_size)
+            state = self._threads.state = ThreadState(self._get_engine().cache)
         return state
 
     def __getstate__(self):  # for other processes (e.g. Dask workers): no locks, no caches
@@ -724,6 +724,7 @@ class _Engine(NamedTuple):
     vocab_table: object  # encode.Table
     specials: object  # encode.Specials
     documents: object  # encode.DocumentEncoder of the family's kernel, or None for the regex path
+    cache: object  # encode_tables.SharedCache: pre-tokens encoded so far, by any thread
 
     @classmethod
     def build(cls, tokenizer: Tokenizer) -> _Engine:
@@ -757,7 +758,8 @@ class _Engine(NamedTuple):
             class_table = encode.encoder_for(t._family, mode)[0]
             documents = encode.DocumentEncoder(kernel, class_table, specials, ranks, vocab_table)
         encode.load_rare_kernels(ranks, vocab_table)
-        return cls(ranks, vocab_table, specials, documents)
+        return cls(ranks, vocab_table, specials, documents,
+                   encode.SharedCache(vocab_table, t._cache_size))
 
     def run_pieces(self, data, offsets, special_slots, special_ids, state):
         from .encode import run_piece_encoder
@@ -867,9 +869,8 @@ _pool_lock = threading.Lock()
 
 
 def _thread_pool(threads: int) -> ThreadPoolExecutor:
-    """`threads` worker threads for batches, kept for the process: a thread's cache of encoded
-    pre-tokens (one per tokenizer) lives as long as the thread, so batch after batch finds it
-    warm, and no more threads than asked for means no more caches to warm."""
+    """`threads` worker threads for batches, kept for the process: each keeps its scratch
+    space and output buffer (one per tokenizer) from batch to batch."""
     with _pool_lock:
         pool = _pools.get(threads)
         if pool is None:

@@ -1,0 +1,141 @@
+"""The shared cache of encoded pre-tokens under threads: stores without a lock, growth while other
+threads still store (`encode_tables.store`, `_rehash`, `SharedCache`)."""
+
+import threading
+
+import numpy as np
+import pytest
+from numba import njit
+
+from nbbpe.encode_tables import BUSY, _rehash, copy_ids, lookup, new_table, store
+
+THREADS = 4
+
+
+def make_keys(n, seed):
+    """n distinct byte strings of 1 to 40 bytes (so short keys and hashed long ones), end to end."""
+    rng = np.random.default_rng(seed)
+    seen = set()
+    while len(seen) < n:
+        length = int(rng.integers(1, 41))
+        seen.add(bytes(rng.integers(0, 4, length, dtype=np.uint8) + 97))  # few letters: collisions
+    keys = sorted(seen)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(k) for k in keys])
+    return np.frombuffer(b"".join(keys), dtype=np.uint8), offsets
+
+
+@njit(nogil=True)
+def ids_of(buf, start, end, out):
+    """The ids a key is stored with: 1 to 6 of them (so inline and record entries), from its bytes."""
+    m = 1 + (end - start) % 6
+    for i in range(m):
+        out[i] = (end - start) * 1000 + buf[start + i % (end - start)] * 7 + i
+    return m
+
+
+@njit(nogil=True)
+def store_all(table, buf, offsets, order, out):
+    """Look up each key in `order`, storing it if absent (as a thread's misses do); return how
+    many stores were refused for lack of room."""
+    refused = 0
+    for k in order:
+        start, end = offsets[k], offsets[k + 1]
+        s, k0, k1, tag, _ = lookup(table, buf, start, end)
+        if s < 0:
+            m = ids_of(buf, start, end, out)
+            if not store(table, -1 - s, k0, k1, tag, buf, start, end - start, out, 0, m):
+                refused += 1
+    return refused
+
+
+@njit
+def check_all(table, buf, offsets, out, want):
+    """How many keys are found with the ids `ids_of` gives them; -1 - k for the first found with
+    other ids."""
+    found = 0
+    for k in range(offsets.shape[0] - 1):
+        start, end = offsets[k], offsets[k + 1]
+        s, _, _, _, _ = lookup(table, buf, start, end)
+        if s < 0:
+            continue
+        m = copy_ids(table, s, out, 0)
+        if m != ids_of(buf, start, end, want):
+            return -1 - k
+        for i in range(m):
+            if out[i] != want[i]:
+                return -1 - k
+        found += 1
+    return found
+
+
+def run_threads(target, args_of):
+    threads = [threading.Thread(target=target, args=args_of(t)) for t in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_threads_storing_at_once_leave_every_key_whole(seed):
+    buf, offsets = make_keys(30_000, seed=seed)
+    n = len(offsets) - 1
+    table = new_table(2 * n, 64, 60 * n)._replace(learns=True)
+    refused = []
+    # Every thread meets the same keys in the same order, so they race to store each one.
+    order = np.random.default_rng(seed).permutation(n)
+    start = threading.Barrier(THREADS)
+
+    def work():
+        start.wait()
+        refused.append(store_all(table, buf, offsets, order, np.empty(8, np.int32)))
+
+    run_threads(work, lambda t: ())
+    assert refused == [0] * THREADS
+    metas = table.slots[2::4]
+    assert not (metas == BUSY).any()  # every claimed slot was published
+    assert check_all(table, buf, offsets, np.empty(8, np.int32), np.empty(8, np.int32)) == n
+    # a key stored by two threads at once may take two slots, never more than one per thread
+    assert n <= table.fill[1] == (metas != 0).sum() <= THREADS * n
+
+
+def test_growing_while_threads_store_copies_only_whole_entries():
+    buf, offsets = make_keys(20_000, seed=3)
+    n = len(offsets) - 1
+    table = new_table(2 * n, 64, 60 * n)._replace(learns=True)
+    rng = np.random.default_rng(4)
+    orders = [rng.permutation(n) for _ in range(THREADS)]
+    copies = []
+
+    def work(order):
+        if order is None:  # this thread grows the table, again and again, meanwhile
+            for _ in range(20):
+                bigger = new_table(4 * n, 64, 60 * n)._replace(learns=True)
+                _rehash(table, bigger)
+                copies.append(bigger)
+        else:
+            store_all(table, buf, offsets, order, np.empty(8, np.int32))
+
+    run_threads(work, lambda t: (orders[t] if t else None,))
+    final = new_table(4 * n, 64, 60 * n)._replace(learns=True)
+    _rehash(table, final)
+    for copy in [*copies, final]:
+        found = check_all(copy, buf, offsets, np.empty(8, np.int32), np.empty(8, np.int32))
+        assert found >= 0  # no entry with other ids than its key's
+        assert copy.fill[1] == (copy.slots[2::4] != 0).sum() >= found
+    assert found == n
+
+
+def test_a_full_table_refuses_stores_and_never_fills_up():
+    buf, offsets = make_keys(5_000, seed=5)
+    table = new_table(1_000, 64, 60 * 5_000)._replace(learns=True)
+    refused = []
+
+    def work(order):
+        refused.append(store_all(table, buf, offsets, order, np.empty(8, np.int32)))
+
+    run_threads(work, lambda t: (np.random.default_rng(t).permutation(5_000),))
+    slots = len(table.slots) // 4
+    assert min(refused) > 0  # the table said it was full
+    assert table.fill[1] <= table.max_entries + THREADS < slots  # room stays for the probes
