@@ -480,10 +480,10 @@ class Tokenizer:
         """`encode_batch_to_numpy` on `threads` threads, for the compiled patterns: the texts in
         UTF-8, a text longer than a group cut into pieces where a cut cannot change its ids,
         and the pieces encoded in groups of about equal size, a few per thread (so one long
-        text does not leave the other threads idle)."""
-        data = [_utf8(text) for text in texts]
+        text does not leave the other threads idle). The threads turn the other texts into
+        UTF-8, each while the other encodes."""
         groups = _GROUPS_PER_THREAD * threads
-        pieces, last_piece = _cut_long_texts(data, sum(map(len, data)) // groups + 1,
+        pieces, last_piece = _cut_long_texts(texts, sum(map(len, texts)) // groups + 1,
                                              self.special_tokens,
                                              whitespace_cuts_allowed(self.pattern))
         parts = list(_thread_pool(threads).map(self._encode_pieces,
@@ -499,10 +499,12 @@ class Tokenizer:
         offsets[1:] = piece_ends[last_piece + 1]
         return np.concatenate([ids for ids, _ in parts]).astype(dtype, copy=False), offsets
 
-    def _encode_pieces(self, pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        """(int32 ids, where each piece's ids end) of UTF-8 `pieces`, in this thread."""
-        ends = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)).cumsum()
-        return self.encode_utf8(b"".join(pieces), ends)
+    def _encode_pieces(self, pieces: list[str | bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """(int32 ids, where each piece's ids end) of `pieces` (texts, or pieces of texts in
+        UTF-8), in this thread."""
+        data = [piece if type(piece) is bytes else _utf8(piece) for piece in pieces]
+        ends = np.fromiter(map(len, data), dtype=np.int64, count=len(data)).cumsum()
+        return self.encode_utf8(b"".join(data), ends)
 
     def _encode_group(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(int32 ids, where each text's ids end) of `texts`, in this thread."""
@@ -876,18 +878,25 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
         if pool is None:
             pool = _pools[threads] = ThreadPoolExecutor(threads,
                                                         thread_name_prefix="nbbpe-encode")
+            # Start every thread now: started as the work is handed out, the last one began
+            # 2-3 ms after the first, waiting for the GIL the first one held.
+            ready = threading.Barrier(threads + 1)
+            for _ in range(threads):
+                pool.submit(ready.wait)
+            ready.wait()
         return pool
 
 
-def _cut_long_texts(data: list[bytes], size: int, special_tokens, whitespace_cuts: bool):
-    """(pieces, last): the UTF-8 texts `data` with each text longer than 2 * `size` bytes cut
-    into pieces of about `size` where no pre-token or special token can span the cut
+def _cut_long_texts(texts: list[str], size: int, special_tokens, whitespace_cuts: bool):
+    """(pieces, last): `texts` with each text longer than 2 * `size` characters cut into pieces
+    of about `size` bytes of UTF-8 where no pre-token or special token can span the cut
     (`corpus.iter_safe_boundaries`: the ids of the pieces, end to end, are the text's), and
-    the index of each text's last piece (an int64 array)."""
-    pieces: list[bytes] = []
-    last = np.empty(len(data), dtype=np.int64)
-    for k, text in enumerate(data):
+    the index of each text's last piece (an int64 array). A text not cut stays a str."""
+    pieces: list[str | bytes] = []
+    last = np.empty(len(texts), dtype=np.int64)
+    for k, text in enumerate(texts):
         if len(text) > 2 * size:
+            text = _utf8(text)
             view = memoryview(text)
             start = 0
             for cut in iter_safe_boundaries(lambda pos, n: view[pos : pos + n].tobytes(), size,

@@ -583,15 +583,17 @@ def test_a_long_text_in_a_batch_is_cut_for_the_threads(gpt2_files):
 @settings(max_examples=60)
 @given(st.lists(texts, min_size=1, max_size=4), st.integers(1, 40))
 def test_long_texts_are_cut_where_their_ids_cannot_change(gpt2, batch, size):
-    from nbbpe.tokenizer import _cut_long_texts
+    from nbbpe.tokenizer import _cut_long_texts, _utf8
 
-    data = [text.encode("utf-8", "replace") for text in batch]
-    pieces, last = _cut_long_texts(data, size, gpt2.special_tokens, True)
+    pieces, last = _cut_long_texts(batch, size, gpt2.special_tokens, True)
     first = [0, *(last[:-1] + 1).tolist()]
-    for k, text in enumerate(data):
+    for k, text in enumerate(batch):
         own = pieces[first[k] : last[k] + 1]
-        assert b"".join(own) == text
-        assert [i for piece in own for i in gpt2.encode(piece.decode())] == gpt2.encode(text.decode())
+        if len(own) == 1 and type(own[0]) is str:  # not cut
+            assert own[0] is text
+            continue
+        assert b"".join(own) == _utf8(text)  # lone surrogates as U+FFFD, as encode reads them
+        assert [i for piece in own for i in gpt2.encode(piece.decode())] == gpt2.encode(text)
 
 
 def test_one_tokenizer_shared_by_many_threads(gpt2_files):
