@@ -27,7 +27,7 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from itertools import chain, islice
+from itertools import chain, islice, repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -486,8 +486,8 @@ class Tokenizer:
         pieces, last_piece = _cut_long_texts(texts, sum(map(len, texts)) // groups + 1,
                                              self.special_tokens,
                                              whitespace_cuts_allowed(self.pattern))
-        parts = list(_thread_pool(threads).map(self._encode_pieces,
-                                               _split_evenly(pieces, min(len(pieces), groups))))
+        groups = _split_evenly(pieces, min(len(pieces), groups))
+        parts = list(_thread_pool(threads).map(self._encode_pieces, groups, repeat(dtype)))
         piece_ends = np.zeros(len(pieces) + 1, dtype=np.int64)
         k = 0
         total = 0
@@ -497,14 +497,20 @@ class Tokenizer:
             total += len(ids)
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
         offsets[1:] = piece_ends[last_piece + 1]
-        return np.concatenate([ids for ids, _ in parts]).astype(dtype, copy=False), offsets
+        return np.concatenate([ids for ids, _ in parts]), offsets
 
-    def _encode_pieces(self, pieces: list[str | bytes]) -> tuple[np.ndarray, np.ndarray]:
-        """(int32 ids, where each piece's ids end) of `pieces` (texts, or pieces of texts in
-        UTF-8), in this thread."""
-        data = [piece if type(piece) is bytes else _utf8(piece) for piece in pieces]
-        ends = np.fromiter(map(len, data), dtype=np.int64, count=len(data)).cumsum()
-        return self.encode_utf8(b"".join(data), ends)
+    def _encode_pieces(self, pieces: list[str | bytes], dtype) -> tuple[np.ndarray, np.ndarray]:
+        """(ids as `dtype`, where each piece's ids end) of `pieces` (texts, or pieces of texts
+        in UTF-8), in this thread. What holds the GIL here keeps the other threads waiting: a
+        group of ASCII texts becomes bytes in one join and one copy."""
+        if all(type(piece) is str and piece.isascii() for piece in pieces):  # isascii: O(1)
+            data = "".join(pieces).encode("ascii")
+            ends = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)).cumsum()
+        else:
+            parts = [piece if type(piece) is bytes else _utf8(piece) for piece in pieces]
+            ends = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)).cumsum()
+            data = b"".join(parts)
+        return self.encode_utf8(data, ends, dtype=dtype)
 
     def _encode_group(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(int32 ids, where each text's ids end) of `texts`, in this thread."""
