@@ -612,6 +612,26 @@ def test_one_tokenizer_shared_by_many_threads(gpt2_files):
     assert got == want
 
 
+def test_threads_growing_the_shared_cache_at_once(gpt2_files):
+    # Four threads meet 60,000 new words in different orders: the cache they share fills its
+    # first room (about 48k with GPT-2's vocab) and grows while the others go on storing.
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(7)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = [" " + "".join(rng.choice(letters, int(rng.integers(5, 12)))) for _ in range(60_000)]
+    texts = ["".join(words), "".join(reversed(words)), "".join(words[::2] + words[1::2]),
+             "".join(words[1::2] + words[::2])]
+    shared = Tokenizer(*gpt2_files, [EOT])
+    uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(shared.encode_to_numpy, texts))
+    table = shared._get_engine().cache.table
+    assert table.fill[1] - shared._get_engine().vocab_table.fill[1] > 48_000  # it grew
+    for text, ids in zip(texts, got):
+        assert ids.tolist() == uncached.encode(text)
+
+
 def test_encode_batch_rejects_a_single_string(gpt2):
     with pytest.raises(TypeError, match="not a single str"):
         gpt2.encode_batch("text")
