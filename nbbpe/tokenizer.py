@@ -374,14 +374,8 @@ class Tokenizer:
             # A few groups per thread, taken in turn: a thread that drew easy text takes more.
             groups = _split_evenly(texts, min(len(texts), _GROUPS_PER_THREAD * threads))
             parts = list(_thread_pool(threads).map(self._encode_group, groups))
-        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-        k = 0
-        total = 0
-        for ids, ends in parts:
-            offsets[k + 1 : k + 1 + len(ends)] = ends + total
-            k += len(ends)
-            total += len(ids)
-        return np.concatenate([ids for ids, _ in parts]).astype(dtype, copy=False), offsets
+        ids, offsets = _join_parts(parts, len(texts))
+        return ids.astype(dtype, copy=False), offsets
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """The ids of the concatenated strings of `iterable` (e.g. a text file handle), lazily.
@@ -488,16 +482,10 @@ class Tokenizer:
                                              whitespace_cuts_allowed(self.pattern))
         groups = _split_evenly(pieces, min(len(pieces), groups))
         parts = list(_thread_pool(threads).map(self._encode_pieces, groups, repeat(dtype)))
-        piece_ends = np.zeros(len(pieces) + 1, dtype=np.int64)
-        k = 0
-        total = 0
-        for ids, ends in parts:
-            piece_ends[k + 1 : k + 1 + len(ends)] = ends + total
-            k += len(ends)
-            total += len(ids)
+        ids, piece_offsets = _join_parts(parts, len(pieces))
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-        offsets[1:] = piece_ends[last_piece + 1]
-        return np.concatenate([ids for ids, _ in parts]), offsets
+        offsets[1:] = piece_offsets[last_piece + 1]
+        return ids, offsets
 
     def _encode_pieces(self, pieces: list[str | bytes], dtype) -> tuple[np.ndarray, np.ndarray]:
         """(ids as `dtype`, where each piece's ids end) of `pieces` (texts, or pieces of texts
@@ -891,6 +879,19 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
                 pool.submit(ready.wait)
             ready.wait()
         return pool
+
+
+def _join_parts(parts, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, offsets) of `count` texts encoded in groups: `parts` holds each group's (ids, where
+    each of its texts' ids end), in order; text k's ids are ids[offsets[k]:offsets[k + 1]]."""
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    k = 0
+    total = 0
+    for ids, ends in parts:
+        offsets[k + 1 : k + 1 + len(ends)] = ends + total
+        k += len(ends)
+        total += len(ids)
+    return np.concatenate([ids for ids, _ in parts]), offsets
 
 
 def _cut_long_texts(texts: list[str], size: int, special_tokens, whitespace_cuts: bool):
