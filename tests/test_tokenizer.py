@@ -632,6 +632,16 @@ def test_threads_growing_the_shared_cache_at_once(gpt2_files):
         assert ids.tolist() == uncached.encode(text)
 
 
+def test_a_batch_on_threads_with_a_custom_pattern(gpt2_files):
+    # The regex path: groups of texts on threads, no cutting of long texts.
+    tok = Tokenizer(*gpt2_files, [EOT], pattern=r"\w+|\s+|[^\w\s]+")
+    documents = read("web_sample.txt").split(EOT) * 4 + read("multi_sample.txt").split("\n")
+    want = [tok.encode(d) for d in documents]
+    assert sum(len(d) for d in documents) > 1 << 17  # enough for two threads
+    for threads in (2, 3):
+        assert tok.encode_batch(documents, num_threads=threads) == want
+
+
 def test_encode_batch_rejects_a_single_string(gpt2):
     with pytest.raises(TypeError, match="not a single str"):
         gpt2.encode_batch("text")
