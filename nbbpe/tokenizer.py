@@ -890,8 +890,8 @@ def _run_groups(threads: int, encode, groups: list, dtype) -> list:
     """[encode(group, dtype) for group in groups], on `threads` threads: this one and
     `threads` - 1 of a pool, each taking the next group when done with one. Not one pool task
     per group, collected by this thread: each task that ended woke it, and the hand-offs of the
-    GIL between the three threads sometimes left a worker waiting ~4 ms for it after a kernel
-    call (a first 2-thread batch of TinyStories took 14-21 ms, now 12.6-13.1 ms)."""
+    GIL between it and two workers sometimes left a worker waiting ~4 ms for it after a kernel
+    call (a first 2-thread batch of TinyStories took 14.0-19.9 ms, now 12.8-13.4 ms)."""
     results: list = [None] * len(groups)
     taken = count()  # its __next__ is atomic under the GIL
 
@@ -909,10 +909,10 @@ def _run_groups(threads: int, encode, groups: list, dtype) -> list:
     return results
 
 
-def _join_parts(parts, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, offsets) of `count` texts encoded in groups: `parts` holds each group's (ids, where
-    each of its texts' ids end), in order; text k's ids are ids[offsets[k]:offsets[k + 1]]."""
-    offsets = np.zeros(count + 1, dtype=np.int64)
+def _join_parts(parts, n_texts: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, offsets) of `n_texts` texts encoded in groups: `parts` holds each group's (ids,
+    where each of its texts' ids end), in order; text k's ids are ids[offsets[k]:offsets[k + 1]]."""
+    offsets = np.zeros(n_texts + 1, dtype=np.int64)
     k = 0
     total = 0
     for ids, ends in parts:
