@@ -10,8 +10,9 @@ probe of one table, and a pre-token is merged once, not once per thread.
 
 Threads read and add entries at the same time, without a lock (see `store`): a writer claims an
 empty slot by compare-and-swap, writes the key and ids, and publishes the slot by writing `meta`
-last (a release store); a reader loads `meta` first (an acquire load), so it sees a slot either
-empty, being written (`BUSY`: no key matches it), or whole. Slots are never changed once
+last (a release store); a reader loads `meta` first (an acquire load, or in the encode loop a
+load of the key whose address depends on `meta`: `load_after`), so it sees a slot either empty,
+being written (`BUSY`: no key matches it), or whole. Slots are never changed once
 published. Growing copies the published slots into a new table, which the threads take up on
 their next call; what they add to the old one meanwhile is forgotten, and merged again if met.
 
