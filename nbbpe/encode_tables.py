@@ -43,7 +43,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .scanners.classes import load_upto8
+from .scanners.classes import item_pointer, load_upto8
 
 MAX_SHORT = 16  # pre-tokens up to this many bytes are their own key
 LONG = np.int64(255)  # the length byte of a hashed key
@@ -180,9 +180,7 @@ def prefetch(typingctx, array, index):
     waits, so the next reads of the line find it close (LLVM's `llvm.prefetch`)."""
 
     def codegen(context, builder, signature, args):
-        arraytype = signature.args[0]
-        data = context.make_array(arraytype)(context, builder, args[0])
-        address = cgutils.get_item_pointer(context, builder, arraytype, data, [args[1]])
+        address = item_pointer(context, builder, signature, args)
         byte_pointer = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
         hint = cgutils.get_or_insert_function(
@@ -193,14 +191,6 @@ def prefetch(typingctx, array, index):
         return context.get_dummy_value()
 
     return types.void(array, types.intp), codegen
-
-
-def _int64_slot(context, builder, signature, args):
-    """LLVM: the address of int64 array[index] (args: array, index), no wraparound check."""
-    arraytype = signature.args[0]
-    data = context.make_array(arraytype)(context, builder, args[0])
-    index = context.cast(builder, args[1], signature.args[1], types.intp)
-    return cgutils.get_item_pointer(context, builder, arraytype, data, [index])
 
 
 def _int64_array_and_index(array, index) -> bool:
@@ -216,7 +206,7 @@ def load_acquire(typingctx, array, index):
         return None
 
     def codegen(context, builder, signature, args):
-        return builder.load_atomic(_int64_slot(context, builder, signature, args), "acquire", 8)
+        return builder.load_atomic(item_pointer(context, builder, signature, args), "acquire", 8)
 
     return types.int64(array, index), codegen
 
@@ -234,7 +224,7 @@ def load_after(typingctx, array, index, earlier):
         i64 = ir.IntType(64)
         opaque = builder.asm(ir.FunctionType(i64, [i64]), "", "=r,0", [args[2]], False)
         zero = builder.xor(opaque, args[2])  # 0, but only once `earlier` is known
-        address = builder.ptrtoint(_int64_slot(context, builder, signature, args), i64)
+        address = builder.ptrtoint(item_pointer(context, builder, signature, args), i64)
         address = builder.inttoptr(builder.add(address, zero), i64.as_pointer())
         return builder.load(address, align=8)
 
@@ -250,7 +240,7 @@ def store_release(typingctx, array, index, value):
 
     def codegen(context, builder, signature, args):
         value = context.cast(builder, args[2], signature.args[2], types.int64)
-        builder.store_atomic(value, _int64_slot(context, builder, signature, args), "release", 8)
+        builder.store_atomic(value, item_pointer(context, builder, signature, args), "release", 8)
         return context.get_dummy_value()
 
     return types.void(array, index, types.int64), codegen
@@ -263,7 +253,7 @@ def compare_and_swap(typingctx, array, index, expected, value):
         return None
 
     def codegen(context, builder, signature, args):
-        address = _int64_slot(context, builder, signature, args)
+        address = item_pointer(context, builder, signature, args)
         expected = context.cast(builder, args[2], signature.args[2], types.int64)
         value = context.cast(builder, args[3], signature.args[3], types.int64)
         pair = builder.cmpxchg(address, expected, value, "acq_rel", "acquire")
@@ -280,7 +270,7 @@ def fetch_add(typingctx, array, index, value):
 
     def codegen(context, builder, signature, args):
         value = context.cast(builder, args[2], signature.args[2], types.int64)
-        return builder.atomic_rmw("add", _int64_slot(context, builder, signature, args), value,
+        return builder.atomic_rmw("add", item_pointer(context, builder, signature, args), value,
                                   "acq_rel")
 
     return types.int64(array, index, types.int64), codegen

@@ -39,7 +39,7 @@ from numba import njit
 from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 from . import classes
-from .classes import ascii_prefix, char_flags, entry_at, every_code_point, run_end
+from .classes import MIN_ASCII, ascii_prefix, char_flags, entry_at, every_code_point, run_end
 from .spans import scan_segments
 
 # Bits of `class_table()`: the class in the low bits ...
@@ -209,9 +209,6 @@ def cl100k_pretoken_end(buf, table, i, stop):
     return j  # 6d
 
 
-_MIN_ASCII = 4  # a block whose first n < 4 bytes are ASCII decides no start at bits 1..n - 3
-
-
 @njit(cache=True, nogil=True, _nrt=False)
 def _suffix_length(buf, q):
     """3 if buf[q:q + 3] is `'ll`, `'ve` or `'re`, 2 if buf[q:q + 2] is `'s`, `'d`, `'m` or `'t`
@@ -309,7 +306,7 @@ def cl100k_block_boundaries(buf, table, p):
     O at p joins the letters after it, numbers from p are cut in threes from p).
     """
     n, upper, lower, numbers, whitespace, blanks, newlines, apostrophes, _ = ascii_prefix(buf, p)
-    if n < _MIN_ASCII:
+    if n < MIN_ASCII:
         return np.uint64(0)  # the caller scans one pre-token at a time
     letters = upper | lower
     one = np.uint64(1)

@@ -81,13 +81,18 @@ def _bytes_and_index(buf, i) -> bool:
             and isinstance(i, types.Integer))
 
 
-def _load_at(context, builder, signature, args, lltype):
-    """LLVM: an unaligned load of an `lltype` value at buf[i] (args: buf, i), with no
-    wraparound or bounds check."""
-    arraytype, indextype = signature.args
+def item_pointer(context, builder, signature, args):
+    """LLVM, for an intrinsic whose first two arguments are an array and an index: the address
+    of array[index], with no wraparound or bounds check."""
+    arraytype, indextype = signature.args[:2]
     data = context.make_array(arraytype)(context, builder, args[0])
     index = context.cast(builder, args[1], indextype, types.intp)
-    address = cgutils.get_item_pointer(context, builder, arraytype, data, [index])
+    return cgutils.get_item_pointer(context, builder, arraytype, data, [index])
+
+
+def _load_at(context, builder, signature, args, lltype):
+    """LLVM: an unaligned load of an `lltype` value at buf[i] (args: buf, i)."""
+    address = item_pointer(context, builder, signature, args)
     return builder.load(builder.bitcast(address, lltype.as_pointer()), align=1)
 
 
@@ -178,6 +183,11 @@ def ascii_block(typingctx, buf, p):
         return context.make_tuple(builder, signature.return_type, masks)
 
     return types.UniTuple(types.uint64, 9)(buf, p), codegen
+
+
+# A block whose first n < MIN_ASCII bytes are ASCII decides no pre-token start at bits 1..n - 3
+# (the block scanners then return 0: the caller scans one pre-token at a time).
+MIN_ASCII = 4
 
 
 @njit(inline="always")

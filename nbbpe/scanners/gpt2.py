@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from .classes import LETTER, NUMBER, SPACE, ascii_block, char_flags, entry_at
+from .classes import LETTER, MIN_ASCII, NUMBER, SPACE, ascii_block, char_flags, entry_at
 from .spans import scan_segments
 
 OTHER_CLASS, LETTER_CLASS, NUMBER_CLASS, SPACE_CLASS = 0, 1, 2, 3
@@ -94,8 +94,6 @@ def gpt2_pretoken_end(buf, table, i, stop):
         return last  # \s+(?!\S) gives its last character to what follows
     return j  # the whole run at the end of the text (\s+(?!\S)), or one character (\s+)
 
-_MIN_ASCII = 4  # a block whose first n < 4 bytes are ASCII decides no start at bits 1..n - 3
-
 
 def _check_ascii_classes(table) -> None:
     """The block scanner hard-codes GPT-2's classes of ASCII; check them against `regex`'s."""
@@ -129,7 +127,7 @@ def gpt2_block_boundaries(buf, table, p):
     n = np.uint64(64)
     if non_ascii:  # unlike cl100k's and o200k's rules, these need no masking beyond n
         n = np.uint64(trailing_zeros(non_ascii))
-        if n < _MIN_ASCII:
+        if n < MIN_ASCII:
             return np.uint64(0)
     decidable = (one << (n - np.uint64(2))) - one  # bits 0..n - 3
     letters = upper | lower

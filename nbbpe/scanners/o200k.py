@@ -51,7 +51,7 @@ from . import classes
 from .cl100k import (_after_newline_starts, _before_trailing_whitespace, _digit_starts,
                      _runs_after, _suffix_length, check_ascii_entries, contraction_codes,
                      whitespace_run)
-from .classes import ascii_prefix, char_flags, entry_at, run_end
+from .classes import MIN_ASCII, ascii_prefix, char_flags, entry_at, run_end
 from .spans import scan_segments
 
 # Bits of `class_table()`: the classes in the low byte ...
@@ -191,9 +191,6 @@ def o200k_pretoken_end(buf, table, i, stop):
     return j  # 6d
 
 
-_MIN_ASCII = 4  # a block whose first n < 4 bytes are ASCII decides no start at bits 1..n - 3
-
-
 @njit(cache=True, nogil=True, _nrt=False)
 def o200k_block_boundaries(buf, table, p):
     """Where pre-tokens start in buf[p + 1:p + 62], as bits 1..61 of a uint64, for a pre-token
@@ -217,7 +214,7 @@ def o200k_block_boundaries(buf, table, p):
     """
     n, upper, lower, numbers, whitespace, blanks, newlines, apostrophes, slashes = (
         ascii_prefix(buf, p))
-    if n < _MIN_ASCII:
+    if n < MIN_ASCII:
         return np.uint64(0)  # the caller scans one pre-token at a time
     one = np.uint64(1)
     two = np.uint64(2)
