@@ -114,8 +114,7 @@ _FORMATS = (".txt", ".text", ".jsonl", ".json", ".ndjson", ".parquet", ".pq")
 
 def pattern_of(name: str) -> str:
     """The pre-tokenization pattern `--pattern` names: gpt2, cl100k, o200k, or a regex."""
-    from .patterns import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN
-    from .patterns import compile_pattern
+    from .patterns import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN, compile_pattern
 
     named = {"gpt2": GPT2_PATTERN, "cl100k": CL100K_PATTERN, "o200k": O200K_PATTERN}
     if name.lower() in named:

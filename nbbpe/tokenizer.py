@@ -104,9 +104,9 @@ class Tokenizer:
     Options: `pattern`, the pre-tokenization regex (GPT-2's by default); `pretokenizer`,
     "auto" (a compiled scanner for GPT-2's, cl100k's and o200k's patterns, `regex` for any
     other), "compiled" (require one) or "regex" (the reference path, for any pattern);
-    `cache_size`, how many encoded pre-tokens it remembers, for all threads (0: none); `block_chars`,
-    how much text the `regex` path encodes per kernel call (it bounds temporary memory; the ids
-    do not depend on it).
+    `cache_size`, how many encoded pre-tokens it remembers, for all threads (0: none);
+    `block_chars`, how much text the `regex` path encodes per kernel call (it bounds temporary
+    memory; the ids do not depend on it).
     """
 
     def __init__(
@@ -365,14 +365,17 @@ class Tokenizer:
         if not all(type(text) is str for text in texts):  # then name the first that is not
             for k, text in enumerate(texts):
                 _check_text(text, f"encode_batch: text {k}")
-        threads = _thread_count(num_threads, texts, self._family is not None)
+        # Read once: each pass over the texts in Python costs ~0.1 us a text.
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        threads = _thread_count(num_threads, len(texts), int(lengths.sum()),
+                                self._family is not None)
         if threads == 1:
             parts = [self._encode_group(texts)]
         elif self._family is not None:
-            return self._encode_pieces_on_threads(texts, threads, dtype)
+            return self._encode_pieces_on_threads(texts, lengths, threads, dtype)
         else:
             # A few groups per thread, taken in turn: a thread that drew easy text takes more.
-            groups = _split_evenly(texts, min(len(texts), _GROUPS_PER_THREAD * threads))
+            groups = _split_evenly(texts, min(len(texts), _GROUPS_PER_THREAD * threads), lengths)
             parts = _run_groups(threads, lambda group, _: self._encode_group(group), groups, None)
         ids, offsets = _join_parts(parts, len(texts))
         return ids.astype(dtype, copy=False), offsets
@@ -469,21 +472,20 @@ class Tokenizer:
             state = self._thread_state()
         return engine.documents.encode_text(data, state, dtype)
 
-    def _encode_pieces_on_threads(self, texts: list[str], threads: int,
+    def _encode_pieces_on_threads(self, texts: list[str], lengths: np.ndarray, threads: int,
                                   dtype) -> tuple[np.ndarray, np.ndarray]:
         """`encode_batch_to_numpy` on `threads` threads, for the compiled patterns: the texts in
         UTF-8, a text longer than a group cut into pieces where a cut cannot change its ids,
         and the pieces encoded in groups of about equal size, a few per thread (so one long
         text does not leave the other threads idle). The threads turn the other texts into
-        UTF-8, each while the other encodes."""
+        UTF-8, each while the other encodes. `lengths`: the texts' lengths."""
         groups = _GROUPS_PER_THREAD * threads
-        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         size = int(lengths.sum()) // groups + 1
         if lengths.max(initial=0) > 2 * size:
             pieces, last_piece = _cut_long_texts(texts, size, self.special_tokens,
                                                  whitespace_cuts_allowed(self.pattern))
             lengths = None
-        else:  # nothing to cut (each pass over the texts in Python costs ~0.1 us a text)
+        else:  # nothing to cut
             pieces, last_piece = texts, np.arange(len(texts), dtype=np.int64)
         groups = _split_evenly(pieces, min(len(pieces), groups), lengths)
         parts = _run_groups(threads, self._encode_pieces, groups, dtype)
@@ -511,12 +513,7 @@ class Tokenizer:
             parts = [self._encode_text(text) for text in texts]
             ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
             return (np.concatenate(parts) if parts else _NO_IDS), ends
-        try:
-            data = [text.encode() for text in texts]
-        except UnicodeEncodeError:  # lone surrogates somewhere
-            data = [_utf8(text) for text in texts]
-        doc_ends = np.fromiter(map(len, data), dtype=np.int64, count=len(data)).cumsum()
-        return self.encode_utf8(b"".join(data), doc_ends)
+        return self._encode_pieces(texts, np.int32)
 
     def _encode_text(self, text: str) -> np.ndarray:
         """int32 ids of `text`."""
@@ -851,17 +848,17 @@ def _replace_lone_surrogates(text: str) -> str:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def _thread_count(num_threads: int | None, texts: list[str], texts_cut: bool = False) -> int:
-    """The threads worth using for a batch: `num_threads` (default: one per CPU), but no more
-    than the texts (unless long texts are cut, `texts_cut`) and one per 64 KB."""
+def _thread_count(num_threads: int | None, n_texts: int, size: int, texts_cut: bool) -> int:
+    """The threads worth using for a batch of `n_texts` texts of `size` characters in all:
+    `num_threads` (default: one per CPU), but no more than the texts (unless long texts are
+    cut, `texts_cut`) and one per 64 KB."""
     if num_threads is None:
         from .workers import default_num_workers
 
         num_threads = default_num_workers()
     if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
-    size = sum(map(len, texts))
-    most = num_threads if texts_cut else min(num_threads, len(texts))
+    most = num_threads if texts_cut else min(num_threads, n_texts)
     return max(1, min(most, size // _SMALL_BATCH_BYTES + 1))
 
 
