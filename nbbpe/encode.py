@@ -94,6 +94,7 @@ class Ranks(NamedTuple):
     mode: int  # MERGES or RANKS
     dense: np.ndarray  # int32: the rank (-1: none) of (a, b) at a << dense_bits | b ...
     dense_bits: int  # ... for the pairs of ids below 2**dense_bits
+    merged_offset: int  # merged[r] == r + merged_offset for every rank r (no load), or -1
 
 
 def new_scratch() -> np.ndarray:
@@ -124,15 +125,26 @@ def build_ranks(left, right, rank, merged_of_rank, byte_ids, mode: int) -> Ranks
     dense = np.full(1 << 2 * dense_bits, -1, dtype=np.int32)
     early = (left < 1 << dense_bits) & (right < 1 << dense_bits)
     dense[(left[early] << dense_bits) | right[early]] = rank[early]
-    return Ranks(slots, 64 - bits, id_bits, rank_bits,
-                 np.ascontiguousarray(merged_of_rank, dtype=np.int32),
-                 np.ascontiguousarray(byte_ids, dtype=np.int32), mode, dense, dense_bits)
+    merged_of_rank = np.ascontiguousarray(merged_of_rank, dtype=np.int32)
+    return Ranks(slots, 64 - bits, id_bits, rank_bits, merged_of_rank,
+                 np.ascontiguousarray(byte_ids, dtype=np.int32), mode, dense, dense_bits,
+                 _offset_of(merged_of_rank))
+
+
+def _offset_of(merged_of_rank: np.ndarray) -> int:
+    """c if merged_of_rank[r] == r + c for every r (GPT-2's files: 256; rank files: 0), else -1."""
+    if len(merged_of_rank) == 0:
+        return 0
+    offset = int(merged_of_rank[0])
+    steps = np.arange(offset, offset + len(merged_of_rank), dtype=np.int64)
+    return offset if np.array_equal(merged_of_rank, steps) else -1
 
 
 def _no_merges(byte_ids, mode: int) -> Ranks:
     """`Ranks` in which no pair merges, built without a kernel (tables of the right types)."""
     return Ranks(np.full(16, _EMPTY), 60, 8, 47, np.zeros(1, np.int32),
-                 np.ascontiguousarray(byte_ids, dtype=np.int32), mode, np.full(1, -1, np.int32), 0)
+                 np.ascontiguousarray(byte_ids, dtype=np.int32), mode, np.full(1, -1, np.int32), 0,
+                 -1)
 
 
 @njit(cache=True, nogil=True)
@@ -170,6 +182,15 @@ def _pair_rank(ranks, a, b):
         s = (s + 1) & mask
 
 
+@njit(inline="always")
+def _merged(ranks, rank):
+    """The id that the merge of rank `rank` creates: computed when the ids follow the ranks, so
+    a merge round does not wait for a load before it looks up the new pairs."""
+    if ranks.merged_offset >= 0:
+        return np.int32(rank + ranks.merged_offset)
+    return ranks.merged[rank]
+
+
 # --- merging one pre-token --------------------------------------------------------------------
 
 
@@ -193,7 +214,7 @@ def _merge_rounds(work, lo, m, pairs, ranks):
                 at = i
         if at < 0:
             break
-        merged = ranks.merged[best]
+        merged = _merged(ranks, best)
         w = at
         i = at
         prev_copied = at > 0  # work[w - 1] is the old token at i - 1, unchanged
@@ -234,7 +255,7 @@ def _merge_leftmost(work, lo, m, pairs, ranks):
                 at = i
         if at < 0:
             break
-        work[lo + at] = ranks.merged[best]
+        work[lo + at] = _merged(ranks, best)
         for i in range(at + 1, m - 1):
             work[lo + i] = work[lo + i + 1]
             pairs[i] = pairs[i + 1]
@@ -340,7 +361,7 @@ def _merge_on_heap(work, ranks):
             continue  # stale: the pair at i has changed
         current_round = r
         j = nxt[i]
-        work[lo + i] = ranks.merged[r]
+        work[lo + i] = _merged(ranks, r)
         after = nxt[j]
         nxt[i] = after
         if after >= 0:
