@@ -100,6 +100,11 @@ def test_the_regex_path_gives_the_same_ids(pair):
     assert regex_path.encode(text) == ours.encode(text) == theirs.encode(text, allowed_special="all")
 
 
+def test_a_rank_files_merges_make_the_token_of_their_rank(pair):
+    ours, _ = pair
+    assert ours._get_engine().ranks.merged_offset == 0  # computed, not loaded, when merging
+
+
 def test_special_tokens_as_a_list_follow_the_largest_rank(tmp_path):
     path = FIXTURES / "cl100k_base.tiktoken"
     tok = Tokenizer.from_tiktoken_file(path, CL100K_PATTERN, ["<|a|>", "<|b|>"])

@@ -651,6 +651,17 @@ def test_encode_batch_rejects_a_single_string(gpt2):
         gpt2.encode_batch(["ok"], num_threads=0)
 
 
+def test_merged_ids_are_computed_only_where_they_follow_the_ranks(gpt2, gpt2_files):
+    # GPT-2's merge k makes id 256 + k: the merge loop computes the id instead of loading it
+    assert gpt2._get_engine().ranks.merged_offset == 256
+    vocab, merges = gpt2_files
+    moved = {(i if i <= 300 else i + 1000): token for i, token in vocab.items()}
+    assert Tokenizer(moved, merges, [EOT])._get_engine().ranks.merged_offset == -1
+    swapped = {i: bytes([i]) for i in range(256)} | {256: b"ab", 257: b"aba"}
+    merges = [(b"ab", b"a"), (b"a", b"b")]  # merge 0 makes 257, merge 1 makes 256
+    assert Tokenizer(swapped, merges)._get_engine().ranks.merged_offset == -1
+
+
 def test_a_vocab_with_gaps_in_its_ids(gpt2_files):
     vocab, merges = gpt2_files
     # the same tokens, with every id above 300 moved up by 1000
