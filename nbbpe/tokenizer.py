@@ -740,8 +740,11 @@ class _Engine(NamedTuple):
         kernel = None if t._family is None else encode.ENCODERS[t._family][mode]
         # On a first run the encode kernel compiles in another process while this one builds
         # (and compiles the kernels of) the tables.
+        first_run = kernel is not None and not cached(kernel)
         with compile_elsewhere(f"from nbbpe.encode import warm_up; warm_up({t._family!r}, {mode})",
-                               needed=kernel is not None and not cached(kernel)):
+                               needed=first_run):
+            if first_run:
+                encode.compile_shared_first(mode)
             if mode == encode.MERGES:
                 left, right, merged = t._merge_ids
                 ranks = encode.build_ranks(left, right, np.arange(len(left)), merged, t._byte_ids,

@@ -107,12 +107,13 @@ def _merge_kernels_meanwhile():
     """While counting: the merge kernels are loaded from the cache in a thread (given to the
     counting as `meanwhile`), or, on a first run, compiled in another process (then None)."""
     from .kernel_cache import cached, compile_elsewhere
-    from .merge import learn_merges, load_merge_kernels
+    from .merge import compile_late_callees, learn_merges, load_merge_kernels
 
     if cached(learn_merges):
         yield load_merge_kernels
         return
     with compile_elsewhere("from nbbpe.merge import load_merge_kernels; load_merge_kernels()"):
+        compile_late_callees()
         yield None
 
 
