@@ -256,3 +256,29 @@ def test_progress_reports_pretokenization_and_merges(capsys):
     assert "pre-tokenize" in err and "merge" in err and f"{len(merges)}/{500 - 257}" in err
     assert seen == list(range(64, len(merges) + 1, 64))  # every 64 merges, from the kernel
     assert (vocab, merges) == train_bpe(FIXTURES / "corpus.en", 500, [EOT], progress=False)
+
+
+def test_first_run_precompiles_the_signatures_the_other_process_uses():
+    # the helpers the training process compiles while a child compiles learn_merges (and the
+    # encode kernel's helpers, while a child compiles it) must be the very signatures the
+    # child types, or the child compiles them again: mutable C arrays and int64 sizes
+    from numba import types
+
+    from nbbpe import encode, merge
+    from nbbpe.encode_tables import find, key_of, store
+
+    merge.compile_late_callees()
+    for dtype in (types.uint8, types.int32, types.int64):
+        assert (types.Array(dtype, 1, "C"), types.int64) in merge._grow.signatures
+    assert (types.Array(types.int64, 2, "C"), types.int64) in merge._grow_rows.signatures
+    text = types.Array(types.uint8, 1, "C", readonly=True)
+    for mode, merge_loop in ((encode.MERGES, encode._merge_rounds),
+                             (encode.RANKS, encode._merge_leftmost)):
+        encode.compile_shared_first(mode)
+        assert any(sig[0] == types.Array(types.int32, 1, "C") and sig[1:3] == (types.int64,) * 2
+                   for sig in merge_loop.signatures)
+    assert (text, types.int64, types.int64) in key_of.signatures
+    assert any(sig[5] == text and all(a == types.int64 for a in sig[1:5])
+               for sig in find.signatures)
+    assert any(sig[5] == text and sig[8] == types.Array(types.int32, 1, "C")
+               for sig in store.signatures)
