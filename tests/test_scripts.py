@@ -262,3 +262,20 @@ def test_bench_encode_file_against_gigatoken(tmp_path, capsys):
     assert result["ids"] == {"2": "equal"} and {r["tool"] for r in result["rows"]} == {"nbbpe", "gigatoken"}
     assert all(r["mb_s"] > 0 and r["peak_pss"] > 0 for r in result["rows"])
     assert sorted(os.listdir(tmp_path / "out")) == []  # the token files are removed without --keep
+
+
+def test_encode_breakdown_splits_a_cold_pass(tmp_path, capsys):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text((FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:20_000]
+                      + f"\n{EOT}\n" + (FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:20_000],
+                      encoding="utf-8")
+    out = tmp_path / "breakdown.json"
+    assert load_script("encode_breakdown").main([str(corpus), "--pattern", "gpt2", "o200k",
+                                                 "--repeat", "2", "--json", str(out)]) == 0
+    assert capsys.readouterr().out.count("small.txt") == 2
+    for row in json.loads(out.read_text())[str(corpus)].values():
+        assert len(row["rounds"]) == 2
+        # new text: the cold pass merges, the warm one only finds, and both scan the same
+        assert row["learned"] > 100 and row["pretokens"] > 5_000
+        assert all(r["cold_s"] > r["warm_s"] > r["scan_s"] > 0 for r in row["rounds"])
+        assert row["us_per_merged"]["median"] > 0

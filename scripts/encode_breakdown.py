@@ -1,0 +1,138 @@
+"""Where nbbpe's encoding time goes: finding pre-tokens, looking them up, merging new ones.
+
+    python scripts/encode_breakdown.py [CORPUS ...] [--pattern gpt2 cl100k o200k] [--repeat 3]
+        [--json out.json]
+
+For each corpus (by default the three shared ones: web_5M.txt, multi_1M.txt,
+tinystories_real.txt; its documents are the text between `<|endoftext|>` lines) and encoding,
+on one thread, `--repeat` times with a freshly built tokenizer (GPT-2's files, or the cl100k_base
+/ o200k_base rank files, as in bench_encode.py):
+
+- scan: the family's compiled scanner alone finding every pre-token of the documents (the
+  `<family>_spans` kernel, as bench_pretok.py times it);
+- cold: `Tokenizer.encode_utf8` of all the documents in one call, the cache empty but for the
+  vocab (every new pre-token is merged once), after a call on as many one-byte pre-tokens (which
+  pages in the output buffer, so page faults are not counted as merging);
+- warm: the same call again (every pre-token is found in the cache);
+- learned: how many pre-tokens the cold call merged (the entries the cache gained).
+
+Derived, as medians over the repeats (ranges in brackets): lookups = warm - scan (looking the
+pre-tokens up and writing their ids out), merging = cold - warm, and merging / learned, what a
+new pre-token costs. The README quotes these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_peers  # noqa: E402
+from bench_encode import default_corpora, documents  # noqa: E402
+
+from nbbpe import Tokenizer, patterns  # noqa: E402
+from nbbpe.scanners import cl100k, gpt2, o200k  # noqa: E402
+
+SPANS = {"gpt2": (gpt2.gpt2_spans, gpt2.class_table), "cl100k": (cl100k.cl100k_spans, cl100k.class_table),
+         "o200k": (o200k.o200k_spans, o200k.class_table)}
+
+
+def tokenizer(encoding: str) -> Tokenizer:
+    if encoding == "gpt2":
+        return Tokenizer.from_files(bench_peers.GPT2_VOCAB, bench_peers.GPT2_MERGES, [bench_peers.EOT])
+    pattern = patterns.CL100K_PATTERN if encoding == "cl100k" else patterns.O200K_PATTERN
+    return Tokenizer.from_tiktoken_file(bench_peers.tiktoken_file(encoding), pattern)
+
+
+def measure(encoding: str, data: bytes, ends: np.ndarray, starts: np.ndarray,
+            stops: np.ndarray) -> dict:
+    """One round: scan, cold and warm seconds and pre-tokens learned, with a fresh tokenizer;
+    `starts` and `stops` hold one item per byte, paged in."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    spans, class_table = SPANS[encoding]
+    doc_starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    spans(buf, class_table(), doc_starts[:1], doc_starts[1:2], starts, stops)  # loaded, not timed
+    t0 = time.perf_counter()
+    found = spans(buf, class_table(), doc_starts, ends, starts, stops)
+    scan = time.perf_counter() - t0
+
+    tok = tokenizer(encoding)
+    # Build the tables, load the kernels, and page in the output buffer the calls below reuse,
+    # with one-byte pre-tokens only (none is learned), so the cold call's time is no page faults.
+    tok.encode_utf8(b"a1" * (len(buf) // 2 + 1))
+    cache = tok._get_engine().cache
+    before = int(cache.table.fill[1])
+    t0 = time.perf_counter()
+    tok.encode_utf8(buf, ends)
+    cold = time.perf_counter() - t0
+    # A cache that grew is a new table: count from its vocab entries then.
+    learned = int(cache.table.fill[1]) - (before if cache.table.fill[2] == 0 else int(cache.vocab.fill[1]))
+    t0 = time.perf_counter()
+    tok.encode_utf8(buf, ends)
+    warm = time.perf_counter() - t0
+    return {"scan_s": scan, "cold_s": cold, "warm_s": warm, "learned": learned,
+            "pretokens": int(found)}
+
+
+def summarize(rounds: list[dict]) -> dict:
+    def spread(values):
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    per = {
+        "scan_ms": [r["scan_s"] * 1e3 for r in rounds],
+        "lookups_ms": [(r["warm_s"] - r["scan_s"]) * 1e3 for r in rounds],
+        "merging_ms": [(r["cold_s"] - r["warm_s"]) * 1e3 for r in rounds],
+        "cold_ms": [r["cold_s"] * 1e3 for r in rounds],
+        "us_per_merged": [(r["cold_s"] - r["warm_s"]) * 1e6 / max(r["learned"], 1) for r in rounds],
+        "ns_per_pretoken_warm": [r["warm_s"] * 1e9 / max(r["pretokens"], 1) for r in rounds],
+    }
+    out = {name: spread(values) for name, values in per.items()}
+    out["learned"] = rounds[0]["learned"]
+    out["pretokens"] = rounds[0]["pretokens"]
+    return out
+
+
+def show(value: dict, digits: int = 1) -> str:
+    return f"{value['median']:.{digits}f} ({value['min']:.{digits}f}-{value['max']:.{digits}f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("corpora", nargs="*", default=None)
+    parser.add_argument("--pattern", nargs="+", default=["gpt2", "cl100k", "o200k"],
+                        choices=["gpt2", "cl100k", "o200k"])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    corpora = args.corpora or default_corpora()
+    results: dict = {}
+    print("encoding   corpus                 scan ms         lookups ms      merging ms      "
+          "cold ms         us/merged      ns/pre-token warm  learned")
+    for path in corpora:
+        docs = list(documents(path))
+        data = b"".join(docs)
+        ends = np.cumsum([len(d) for d in docs], dtype=np.int64)
+        starts = np.ones(len(data) + 1, dtype=np.int64)
+        stops = np.ones(len(data) + 1, dtype=np.int64)
+        for encoding in args.pattern:
+            rounds = [measure(encoding, data, ends, starts, stops) for _ in range(args.repeat)]
+            row = summarize(rounds)
+            results.setdefault(path, {})[encoding] = {"rounds": rounds, **row}
+            print(f"{encoding:10s} {os.path.basename(path):22s} {show(row['scan_ms']):15s} "
+                  f"{show(row['lookups_ms']):15s} {show(row['merging_ms']):15s} "
+                  f"{show(row['cold_ms']):15s} {show(row['us_per_merged'], 2):14s} "
+                  f"{show(row['ns_per_pretoken_warm']):18s} {row['learned']:,}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
