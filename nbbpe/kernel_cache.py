@@ -5,8 +5,11 @@ package, or NUMBA_CACHE_DIR); later runs load it in milliseconds. Compiling is P
 holding the GIL, so a thread cannot overlap it with other compiling: where a stage knows it
 will need kernels that are not cached yet, it compiles them in another process
 (`compile_elsewhere`) while this one compiles or works on something else, then loads them from
-the cache. This roughly halves the first run on two cores. Nothing changes once the cache is
-warm, and if the other process fails, the kernels are simply compiled here when first used.
+the cache. This roughly halves the first run on two cores. Kernels both processes need (the
+helpers of the other's kernel) are compiled here first, before the other process reaches them,
+so that it loads them instead of compiling them at the same time (`merge.compile_late_callees`,
+`encode.compile_shared_first`). Nothing changes once the cache is warm, and if the other
+process fails, the kernels are simply compiled here when first used.
 """
 
 from __future__ import annotations
