@@ -27,8 +27,10 @@ Two merge orders, both exact:
   token is that token; otherwise repeatedly merge the leftmost adjacent pair whose concatenation
   has the lowest rank, one pair at a time.
 
-Short pre-tokens merge by scanning their pairs; long ones (more than `_HEAP_ABOVE` bytes) on a
-heap of (rank, position), so no input, however long and repetitive, takes quadratic time.
+Short pre-tokens merge by scanning their pairs; long ones on a heap of (rank, position), so no
+input, however long and repetitive, takes quadratic time: in the pass those of more than
+`_HEAP_FROM` bytes in RANKS order (which merges one pair per round), outside it (`need`) those of
+more than `_HEAP_ABOVE` bytes.
 
 The kernels are compiled without Numba's reference counting (`_nrt=False`): every array they
 touch is passed in, so per pre-token no atomic counter is touched. They allocate nothing; a
@@ -76,6 +78,8 @@ _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 # Pre-tokens longer than this many bytes merge on a heap, outside the one pass (rare in any
 # language: a CJK sentence without punctuation of 85 characters is 255 bytes).
 _HEAP_ABOVE = 256
+# In RANKS order, pre-tokens longer than this merge on a heap in the pass too (`_merge_leftmost`).
+_HEAP_FROM = 32
 # Pairs of ids below 2**DENSE_BITS (the bytes and the first 768 merges, the pairs a merge meets
 # most) find their rank in a dense table of 4 MB: one load, no hash, no probe (a merge is ~10%
 # faster than with the hash table alone; encoding multi_1M cold, ~8%).
@@ -99,8 +103,9 @@ class Ranks(NamedTuple):
 
 def new_scratch() -> np.ndarray:
     """Scratch space of the kernels: a window of pre-token ends, their keys (k0, k1, length
-    byte) and hashes, and the pair ranks of a short pre-token being merged."""
-    return np.empty(5 * WINDOW + _HEAP_ABOVE + 1, dtype=np.int64)
+    byte) and hashes, and the pair ranks of a short pre-token being merged, or the heap of a
+    long one."""
+    return np.empty(5 * WINDOW + _heap_space(_HEAP_ABOVE), dtype=np.int64)
 
 
 # --- the rank table ---------------------------------------------------------------------------
@@ -243,7 +248,10 @@ def _merge_rounds(work, lo, m, pairs, ranks):
 @njit(cache=True, nogil=True)
 def _merge_leftmost(work, lo, m, pairs, ranks):
     """RANKS order on work[lo:lo + m], in place: merge the leftmost pair of lowest rank, one at
-    a time; return the new length."""
+    a time; return the new length. A pre-token of more than `_HEAP_FROM` bytes merges on a heap
+    (`pairs` has room): one merge per round makes rescanning quadratic in its length."""
+    if m > _HEAP_FROM:
+        return _merge_on_heap(work, lo, m, pairs, ranks)
     for i in range(m - 1):
         pairs[i] = _pair_rank(ranks, work[lo + i], work[lo + i + 1])
     while m > 1:
@@ -311,12 +319,19 @@ def encode_long_piece(buf, start, end, ranks, vocab, out):
             return copy_ids(vocab, s, out, np.int64(0))
     for i in range(length):
         out[i] = ranks.byte_ids[buf[start + i]]
-    return _merge_on_heap(out, ranks)
+    return _merge_on_heap(out, 0, length, np.empty(_heap_space(length), np.int64), ranks)
 
 
-@njit(cache=True, nogil=True)
-def _merge_on_heap(work, ranks):
-    """Either order on the byte ids `work` in O(m log m), in place; return the new length.
+@njit(inline="always")
+def _heap_space(m):
+    """Items of scratch space `_merge_on_heap` needs for m tokens."""
+    return 7 * m + 4
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _merge_on_heap(work, lo, m, space, ranks):
+    """Either order on work[lo:lo + m] in O(m log m), in place; return the new length. `space`
+    (int64) holds at least `_heap_space(m)` items.
 
     Tokens form a linked list by original position; the heap holds (rank, position) of every
     pair that may merge, as one int64 (rank << 32 | position: the leftmost first on ties).
@@ -325,13 +340,11 @@ def _merge_on_heap(work, ranks):
     of one pair, so the pairs a round creates wait until it ends (GPT-2 looks for the next pair
     only after the sweep).
     """
-    lo = 0
-    m = work.shape[0]
-    nxt = np.empty(m, dtype=np.int64)
-    prv = np.empty(m, dtype=np.int64)
-    rank_at = np.empty(m, dtype=np.int64)  # rank of the pair starting at each live position, or -1
-    heap = np.empty(2 * m + 2, dtype=np.int64)
-    waiting = np.empty(2 * m + 2, dtype=np.int64)
+    nxt = space[:m]
+    prv = space[m : 2 * m]
+    rank_at = space[2 * m : 3 * m]  # rank of the pair starting at each live position, or -1
+    heap = space[3 * m : 5 * m + 2]
+    waiting = space[5 * m + 2 : 7 * m + 4]
     size = np.int64(0)
     n_waiting = np.int64(0)
     for i in range(m):
@@ -748,7 +761,7 @@ def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_
     byte_values = np.arange(256, dtype=np.uint8)
     byte_values.setflags(write=token_bytes.flags.writeable)  # one type: one compile of `lookup`
     _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks, table,
-                      np.empty(_HEAP_ABOVE + 1, np.int64), np.empty(_HEAP_ABOVE, np.int32))
+                      np.empty(_heap_space(_HEAP_ABOVE), np.int64), np.empty(_HEAP_ABOVE, np.int32))
     return table
 
 
