@@ -637,9 +637,10 @@ def compile_shared_first(mode: int) -> None:
     """On a first run, while another process compiles the encode kernel (`warm_up`): compile here
     first the kernels both need, which that process would otherwise compile too, at the same
     time. It reaches them a second or more into its compile and then loads them from the cache
-    (the first run's `nbbpe encode` took 4.7-4.8 s instead of 5.1-5.2), and this process needs
-    them anyway to build the vocab table (in RANKS order, with the heap the merge loop uses for
-    long pre-tokens). Calls on tiny inputs of the argument types the kernels use."""
+    (the first run's `nbbpe encode` took 4.7-4.8 s instead of 5.1-5.2); this process needs most
+    of them anyway to build the vocab table (not, in RANKS order, `_merge_leftmost` and its
+    heap: compiled here for the other process alone). Calls on tiny inputs of the argument types
+    the kernels use."""
     buf = np.frombuffer(b"ab", dtype=np.uint8)  # read-only, as the kernels' text
     table = new_table(16, _HEAP_ABOVE, 64)._replace(learns=True)
     key_of(buf, 0, 2)
