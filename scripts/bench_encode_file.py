@@ -21,10 +21,11 @@ through the tokenizer.json Hugging Face writes from them), or the shared cl100k_
 Every (tool, workers) run is a fresh process: the previous round's output is removed, the
 tokenizer is built and warmed up on a short string (loading nbbpe's compiled kernels), both timed
 apart, then only the encoding call is timed. Tools alternate, their order rotated each round;
-`--repeat` rounds give the median and range of MB/s (corpus bytes / seconds of the call). Also per run: MB per CPU-second of the
-process (all threads) and CPU/wall, the load average, and memory during the call: the peak of
-the PSS summed over the process tree (`nbbpe.cli.PeakMemory`, sampled every 50 ms; pages shared
-between processes counted once) and the PSS before the call (interpreter, libraries, tokenizer).
+`--repeat` rounds give the median and range of MB/s (corpus bytes / seconds of the call). Also
+per run: MB per CPU-second of the process (all threads) and CPU/wall, the load average, and
+memory during the call: the peak of the PSS summed over the process tree
+(`nbbpe.cli.PeakMemory`, sampled every 50 ms; pages shared between processes counted once) and
+the PSS before the call (interpreter, libraries, tokenizer).
 
 Ids: after the runs, the last round's token files are compared in chunks (memory-mapped, never
 both whole in memory): nbbpe's ids with its separator id taken out must equal gigatoken's ids of
