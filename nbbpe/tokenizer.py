@@ -499,12 +499,11 @@ class Tokenizer:
         in UTF-8), in this thread. What holds the GIL here keeps the other threads waiting: a
         group of ASCII texts becomes bytes in one join and one copy."""
         if all(type(piece) is str and piece.isascii() for piece in pieces):  # isascii: O(1)
-            data = "".join(pieces).encode("ascii")
-            ends = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)).cumsum()
+            data = "".join(pieces).encode("ascii")  # as many bytes as characters
         else:
-            parts = [piece if type(piece) is bytes else _utf8(piece) for piece in pieces]
-            ends = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)).cumsum()
-            data = b"".join(parts)
+            pieces = [piece if type(piece) is bytes else _utf8(piece) for piece in pieces]
+            data = b"".join(pieces)
+        ends = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)).cumsum()
         return self.encode_utf8(data, ends, dtype=dtype)
 
     def _encode_group(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
