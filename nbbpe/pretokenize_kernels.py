@@ -24,6 +24,7 @@ from numba import njit
 
 from .corpus import check_errors_policy, check_utf8
 from .kernel_cache import announce_compiling, cached
+from .merge import grow
 from .patterns import validate_special_tokens
 from .scanners import cl100k, gpt2, o200k
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
@@ -57,15 +58,6 @@ class PretokenCounts(NamedTuple):
 
 
 @njit(cache=True, nogil=True)
-def _grow(array, min_size):
-    """A copy of `array` with room for at least `min_size` items (doubling)."""
-    out = np.empty(max(min_size, 2 * array.shape[0]), dtype=array.dtype)
-    for i in range(array.shape[0]):
-        out[i] = array[i]
-    return out
-
-
-@njit(cache=True, nogil=True)
 def _rehash(slots, bits):
     """The entries of `slots` in a table of 2**bits slots."""
     new = np.zeros(2 << bits, dtype=np.uint64)
@@ -96,10 +88,10 @@ def _reserve(slots, bits, word_offsets, counts, arena, n_words, more_words, more
     if (2 << bits) != slots.shape[0]:
         slots = _rehash(slots, bits)
     if n_words + more_words + 1 > counts.shape[0]:
-        word_offsets = _grow(word_offsets, n_words + more_words + 1)
-        counts = _grow(counts, n_words + more_words + 1)
+        word_offsets = grow(word_offsets, n_words + more_words + 1)
+        counts = grow(counts, n_words + more_words + 1)
     if word_offsets[n_words] + more_bytes > arena.shape[0]:
-        arena = _grow(arena, word_offsets[n_words] + more_bytes)
+        arena = grow(arena, word_offsets[n_words] + more_bytes)
     return slots, bits, word_offsets, counts, arena
 
 

@@ -264,12 +264,13 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
     # child types, or the child compiles them again: mutable C arrays and int64 sizes
     from numba import types
 
-    from nbbpe import encode, merge
+    from nbbpe import encode, merge, pretokenize_kernels
     from nbbpe.encode_tables import find, key_of, store
 
     merge.compile_late_callees()
     for dtype in (types.uint8, types.int32, types.int64):
-        assert (types.Array(dtype, 1, "C"), types.int64) in merge._grow.signatures
+        assert (types.Array(dtype, 1, "C"), types.int64) in merge.grow.signatures
+    assert pretokenize_kernels.grow is merge.grow  # counting's tables grow with the same copy
     assert (types.Array(types.int64, 2, "C"), types.int64) in merge._grow_rows.signatures
     text = types.Array(types.uint8, 1, "C", readonly=True)
     for mode, merge_loop in ((encode.MERGES, encode._merge_rounds),
@@ -282,3 +283,14 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
                for sig in find.signatures)
     assert any(sig[5] == text and sig[8] == types.Array(types.int32, 1, "C")
                for sig in store.signatures)
+
+
+def test_python_callers_do_not_compile_inlined_helpers():
+    # a call from Python of an inline="always" function compiles it on its own (0.2 s of a
+    # first run); Python uses its py_func, kernels inline it
+    from nbbpe import encode
+
+    tok = nbbpe.Tokenizer.from_files(FIXTURES / "gpt2_vocab.json", FIXTURES / "gpt2_merges.txt")
+    assert tok.encode("a" * 300 + " hello") == tok.encode("a" * 300) + tok.encode(" hello")
+    assert encode.new_scratch().size > 0
+    assert encode._heap_space.signatures == []
