@@ -164,7 +164,9 @@ def count_documents(scanner, block_scanner, buf, table, doc_ends, specials,
     """Count the pre-tokens of every document of `buf` (document d ends at doc_ends[d], each a
     text of its own; special tokens cut out, never counted) into the table; return it."""
     ends = np.empty(WINDOW, dtype=np.int64)
-    ones = np.ones(WINDOW, dtype=np.int64)
+    ones = np.empty(WINDOW, dtype=np.int64)  # np.ones would compile an overload of its own
+    for t in range(WINDOW):
+        ones[t] = 1
     i = np.int64(0)
     for d in range(doc_ends.shape[0]):
         end = doc_ends[d]
@@ -317,6 +319,9 @@ def merge_counts(tables: Iterable[PretokenCounts]) -> PretokenCounts:
 
     Words come in order of first appearance across the tables in the order given.
     """
+    tables = [table for table in tables if len(table.counts)]
+    if len(tables) == 1:  # e.g. one unit of work, counted by one of the threads: nothing to add
+        return tables[0]
     counter = PretokenCounter()
     for table in tables:
         counter.add_counts(table)

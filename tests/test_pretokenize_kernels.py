@@ -168,6 +168,10 @@ def test_merge_counts_sums_tables_in_any_order():
     assert merged.to_dict() == want
     assert merge_counts(reversed(tables)).to_dict() == want
     assert merge_counts([merge_counts(tables[:2]), merge_counts(tables[2:])]).to_dict() == want
+    # with one table holding words (e.g. one unit of work, the other threads' tables empty)
+    # there is nothing to add: that table is the result, with no kernel run
+    assert merge_counts([tables[3], tables[1], tables[3]]) is tables[1]
+    assert merge_counts([tables[3]]).to_dict() == {}
 
 
 @settings(max_examples=200)

@@ -272,6 +272,9 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
         assert (types.Array(dtype, 1, "C"), types.int64) in merge.grow.signatures
     assert pretokenize_kernels.grow is merge.grow  # counting's tables grow with the same copy
     assert (types.Array(types.int64, 2, "C"), types.int64) in merge._grow_rows.signatures
+    ids, ends = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
+    assert (ids, ids, types.int64, types.int64, types.int64, ids, types.int64, ends, ends,
+            ends) in merge._file_word_lists.signatures
     text = types.Array(types.uint8, 1, "C", readonly=True)
     for mode, merge_loop in ((encode.MERGES, encode._merge_rounds),
                              (encode.RANKS, encode._merge_leftmost)):
