@@ -41,6 +41,16 @@ def test_the_readme_commands_train_then_encode_the_shipped_sample(tmp_path):
     assert ids.tolist() == tokenizer.encode(sample_text())
 
 
+def test_the_command_exits_with_mains_status(tmp_path):
+    # `nbbpe` and `python -m nbbpe` run main, then exit with its status (without collecting)
+    missing = tmp_path / "no_tokenizer"
+    for command in ([Path(sys.executable).parent / "nbbpe"], [sys.executable, "-m", "nbbpe"]):
+        failed = subprocess.run([*command, "encode", "--tokenizer", str(missing)], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=120)
+        assert failed.returncode == 2
+        assert "nbbpe encode: error:" in failed.stderr and "no_tokenizer" in failed.stderr
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tokenizer trained by `nbbpe train` on the shipped sample, its directory and the output."""
