@@ -636,20 +636,24 @@ def warm_up(family: str, mode: int) -> None:
 
 def compile_shared_first(mode: int) -> None:
     """On a first run, while another process compiles the encode kernel (`warm_up`): compile here
-    first the kernels both need, which that process would otherwise compile too, at the same
-    time. It reaches them a second or more into its compile and then loads them from the cache
-    (the first run's `nbbpe encode` took 4.7-4.8 s instead of 5.1-5.2); this process needs most
-    of them anyway to build the vocab table (not, in RANKS order, `_merge_leftmost` and its
-    heap: compiled here for the other process alone). Calls on tiny inputs of the argument types
-    the kernels use."""
+    first helpers of that kernel, each before that process reaches it, so that it loads them
+    from the cache: `_prepare_window` (which it types first), then those it types last (the
+    merge loop, `store`, `copy_ids`). It compiles `key_of` and `find` itself, which this process
+    then loads when it fills the vocab table. Ordered otherwise, each process reached some
+    helpers while the other was still compiling them and compiled them again (the first run's
+    `nbbpe encode` waited ~1 s more). This process needs the merge loop and `store` anyway
+    (not, in RANKS order, `_merge_leftmost` and its heap: compiled here for the other process
+    alone). Calls on tiny inputs of the argument types the kernels use."""
     buf = np.frombuffer(b"ab", dtype=np.uint8)  # read-only, as the kernels' text
     table = new_table(16, _HEAP_ABOVE, 64)._replace(learns=True)
-    key_of(buf, 0, 2)
-    find(table, 0, 0, 0, 2, buf, 0, 2)
+    scratch = new_scratch()
+    _prepare_window(buf, 0, scratch[:WINDOW], 0, table, *(scratch[k * WINDOW : (k + 1) * WINDOW]
+                                                          for k in range(1, 5)))
     merge = _merge_rounds if mode == MERGES else _merge_leftmost
     ids = np.zeros(2, dtype=np.int32)
     merge(ids, 0, 2, np.zeros(2, dtype=np.int64), _no_merges(np.arange(256, dtype=np.int32), mode))
     store(table, 0, 0, 0, 2, buf, 0, 2, ids, 0, 1)
+    copy_ids(table, 0, ids, 0)
 
 
 def encoder_for(family: str, mode: int):

@@ -262,10 +262,10 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
     # the helpers the training process compiles while a child compiles learn_merges (and the
     # encode kernel's helpers, while a child compiles it) must be the very signatures the
     # child types, or the child compiles them again: mutable C arrays and int64 sizes
-    from numba import types
+    from numba import typeof, types
 
     from nbbpe import encode, merge, pretokenize_kernels
-    from nbbpe.encode_tables import find, key_of, store
+    from nbbpe.encode_tables import copy_ids, store
 
     merge.compile_late_callees()
     for dtype in (types.uint8, types.int32, types.int64):
@@ -281,11 +281,13 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
         encode.compile_shared_first(mode)
         assert any(sig[0] == types.Array(types.int32, 1, "C") and sig[1:3] == (types.int64,) * 2
                    for sig in merge_loop.signatures)
-    assert (text, types.int64, types.int64) in key_of.signatures
-    assert any(sig[5] == text and all(a == types.int64 for a in sig[1:5])
-               for sig in find.signatures)
     assert any(sig[5] == text and sig[8] == types.Array(types.int32, 1, "C")
                for sig in store.signatures)
+    cache = typeof(encode.SharedCache(encode.new_table(16, 256, 64), 16).table)
+    window = types.Array(types.int64, 1, "C")
+    assert ((text, types.int64, window, types.int64, cache) + (window,) * 4
+            in encode._prepare_window.signatures)
+    assert (cache, types.int64, types.Array(types.int32, 1, "C"), types.int64) in copy_ids.signatures
 
 
 def test_python_callers_do_not_compile_inlined_helpers():
