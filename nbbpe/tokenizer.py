@@ -369,6 +369,11 @@ class Tokenizer:
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         threads = _thread_count(num_threads, len(texts), int(lengths.sum()),
                                 self._family is not None)
+        if threads == 1 and self._family is not None:  # one group, its ids made in `dtype`:
+            ids, ends = self._encode_pieces(texts, dtype)  # no joining and converting again
+            offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+            offsets[1:] = ends
+            return ids, offsets
         if threads == 1:
             parts = [self._encode_group(texts)]
         elif self._family is not None:

@@ -564,10 +564,11 @@ def test_large_batches_on_threads_equal_encode(gpt2):
         assert gpt2.encode_batch(documents, num_threads=threads) == want
     assert gpt2.decode_batch(want) == documents  # byte-level BPE is lossless on valid text
     ascii_only = [d.encode("ascii", "ignore").decode() for d in documents]  # groups of ASCII
-    ids, offsets = gpt2.encode_batch_to_numpy(ascii_only, num_threads=2, dtype=np.int32)
-    assert ids.dtype == np.int32 and len(ids) > 1 << 16
-    assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == [
-        gpt2.encode(d) for d in ascii_only]
+    want = [gpt2.encode(d) for d in ascii_only]
+    for threads in (1, 2):  # one thread: the group's ids are made in the dtype asked for
+        ids, offsets = gpt2.encode_batch_to_numpy(ascii_only, num_threads=threads, dtype=np.int32)
+        assert ids.dtype == np.int32 and len(ids) > 1 << 16 and offsets[0] == 0
+        assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
 
 
 def test_a_long_text_in_a_batch_is_cut_for_the_threads(gpt2_files):
