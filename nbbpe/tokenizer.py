@@ -369,21 +369,15 @@ class Tokenizer:
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         threads = _thread_count(num_threads, len(texts), int(lengths.sum()),
                                 self._family is not None)
-        if threads == 1 and self._family is not None:  # one group, its ids made in `dtype`:
-            ids, ends = self._encode_pieces(texts, dtype)  # no joining and converting again
-            offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-            offsets[1:] = ends
-            return ids, offsets
         if threads == 1:
-            parts = [self._encode_group(texts)]
+            parts = [self._encode_group(texts, dtype)]
         elif self._family is not None:
             return self._encode_pieces_on_threads(texts, lengths, threads, dtype)
         else:
             # A few groups per thread, taken in turn: a thread that drew easy text takes more.
             groups = _split_evenly(texts, min(len(texts), _GROUPS_PER_THREAD * threads), lengths)
-            parts = _run_groups(threads, lambda group, _: self._encode_group(group), groups, None)
-        ids, offsets = _join_parts(parts, len(texts))
-        return ids.astype(dtype, copy=False), offsets
+            parts = _run_groups(threads, self._encode_group, groups, dtype)
+        return _join_parts(parts, len(texts))
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """The ids of the concatenated strings of `iterable` (e.g. a text file handle), lazily.
@@ -511,13 +505,14 @@ class Tokenizer:
         ends = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)).cumsum()
         return self.encode_utf8(data, ends, dtype=dtype)
 
-    def _encode_group(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(int32 ids, where each text's ids end) of `texts`, in this thread."""
+    def _encode_group(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
+        """(ids as `dtype`, where each text's ids end) of `texts`, in this thread."""
         if self._family is None:
             parts = [self._encode_text(text) for text in texts]
             ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
-            return (np.concatenate(parts) if parts else _NO_IDS), ends
-        return self._encode_pieces(texts, np.int32)
+            ids = np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+            return ids, ends
+        return self._encode_pieces(texts, dtype)
 
     def _encode_text(self, text: str) -> np.ndarray:
         """int32 ids of `text`."""
@@ -923,7 +918,8 @@ def _join_parts(parts, n_texts: int) -> tuple[np.ndarray, np.ndarray]:
         offsets[k + 1 : k + 1 + len(ends)] = ends + total
         k += len(ends)
         total += len(ids)
-    return np.concatenate([ids for ids, _ in parts]), offsets
+    # one part (a batch on one thread) is the result as it is: no copy of all its ids
+    return (parts[0][0] if len(parts) == 1 else np.concatenate([ids for ids, _ in parts])), offsets
 
 
 def _cut_long_texts(texts: list[str], size: int, special_tokens, whitespace_cuts: bool):
