@@ -47,14 +47,15 @@ from numba import njit
 from .encode_tables import (
     CACHE_FIRST_ROOM,
     MAX_SHORT,
+    SPARE_IDS,
     SharedCache,
     Table,
     copy_ids,
+    copy_short_ids,
     find,
     home,
     is_full,
     key_of,
-    load_after,
     lookup,
     new_table,
     prefetch,
@@ -492,7 +493,7 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
     again); else `need` is 0.
     `doc_out_ends[d]` receives out_base + the number of ids written up to the end of document d.
     """
-    cap = out.shape[0]
+    cap = out.shape[0] - SPARE_IDS  # see `copy_short_ids`
     window = scratch[:WINDOW]
     keys0 = scratch[WINDOW : 2 * WINDOW]
     keys1 = scratch[2 * WINDOW : 3 * WINDOW]
@@ -513,14 +514,11 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                 for t in range(n):
                     j = window[t]
                     tag = tags[t]
-                    if tag:  # nearly all: found in the home slot, one token, written out
-                        s = 4 * home(cache, np.uint64(hashes[t]))
-                        meta = cache.slots[s + 2]  # then the key, as published with it:
-                        if ((meta & 0x3FF) == (tag | 256)  # see `encode_tables.store`
-                                and load_after(cache.slots, s, meta) == keys0[t]
-                                and load_after(cache.slots, s + 1, meta) == keys1[t]):
-                            out[w] = np.int32(meta >> 10)
-                            w += 1
+                    if tag:  # nearly all: found, with its ids in its slot, written out
+                        count = copy_short_ids(cache, np.uint64(hashes[t]), keys0[t], keys1[t],
+                                               tag, out, w)
+                        if count:
+                            w += count
                             i = j
                             continue
                     length = j - i
@@ -846,7 +844,7 @@ class ThreadState:
     def output(self, items: int) -> np.ndarray:
         """The output buffer, with room for `items` ids (at most `_OUT_ITEMS`: the kernels
         return when it is full, and are called again)."""
-        items = min(items, _OUT_ITEMS)
+        items = min(items, _OUT_ITEMS) + SPARE_IDS  # see `copy_short_ids`
         if len(self.out) < items:
             self.out = np.empty(max(items, 2 * len(self.out)), dtype=np.int32)
             self.text_call = None  # its arguments hold the old buffer
@@ -924,12 +922,12 @@ class DocumentEncoder:
         # Ready the next call's arguments (the cache and the output buffer may be new).
         table, specials, ranks, _ = self.tables
         out = state.output(max(len(data), _TEXT_ROOM) + 1)
-        if state.text_room != len(out):  # the text goes into a buffer as large as the output's
+        if state.text_room != len(out) - SPARE_IDS:  # a text buffer as large as the output
             text = np.empty(len(out), dtype=np.uint8)
             state.text_input = memoryview(text)
             state.text_buffer = text.view()
             state.text_buffer.setflags(write=False)  # the type of a view of bytes: one compile
-            state.text_room = len(out)
+            state.text_room = len(out) - SPARE_IDS  # the ids of a shorter text fit
         state.text_args = [state.text_buffer, table, state.doc_end, -1, specials, ranks,
                            state.cache.table, state.scratch, out, state.doc_out_end, 0, 0, 0]
         state.text_call = self._entries.get(("text", state.cache.table.learns))

@@ -46,6 +46,7 @@ from numba.extending import intrinsic
 from .scanners.classes import item_pointer, load_upto8
 
 MAX_SHORT = 16  # pre-tokens up to this many bytes are their own key
+SPARE_IDS = 2  # items `copy_short_ids` may write past a pre-token's ids
 LONG = np.int64(255)  # the length byte of a hashed key
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
 _MIX = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -309,6 +310,40 @@ def _same_bytes(table, r, buf, start, length):
         if records[at + 1 + m] != buf[start + m]:
             return False
     return True
+
+
+@njit(inline="always")  # into the encode loop: its path for nearly every pre-token
+def copy_short_ids(table, h, k0, k1, tag, out, w):
+    """If the pre-token of 1 to 16 bytes keyed (k0, k1, tag), of hash h, is in `table`, write its
+    ids to out[w:] and return how many; else 0 (then `find` says where it would go).
+
+    A slot's three ids are written whatever their number, so `out` needs `SPARE_IDS` more items
+    than the pre-token has bytes: how many ids a pre-token has changes from one to the next, and
+    branches on it were mispredicted often (on text of many two- to three-id pre-tokens this
+    loop took 211 ms where it now takes 151). Like `find`, it reads a slot's `meta` before its
+    key and ids (`load_after`)."""
+    slots = table.slots
+    mask = (slots.shape[0] >> 2) - 1
+    s = home(table, h)
+    while True:
+        meta = slots[4 * s + 2]
+        if meta == 0:
+            return 0
+        if ((meta & 255) == tag and load_after(slots, 4 * s, meta) == k0
+                and load_after(slots, 4 * s + 1, meta) == k1):
+            count = (meta >> 8) & 3
+            ext = load_after(slots, 4 * s + 3, meta)
+            if count == 0:  # more than three ids: in a record, written before `meta` too
+                records = table.records
+                count = records[ext]
+                for k in range(count):
+                    out[w + k] = records[ext + 1 + k]
+                return count
+            out[w] = np.int32(meta >> 10)
+            out[w + 1] = np.int32(ext & _LOW32)
+            out[w + 2] = np.int32(ext >> 32)
+            return count
+        s = (s + 1) & mask
 
 
 @njit(cache=True, nogil=True, _nrt=False)

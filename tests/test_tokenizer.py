@@ -389,6 +389,37 @@ def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files
     assert len(buffers) > 1  # and the buffer was replaced
 
 
+def test_cached_ids_of_any_count_stay_within_a_small_output_buffer(gpt2_files, tiktoken_gpt2,
+                                                                   monkeypatch):
+    # The encode loop copies a cached pre-token's ids with three writes whatever their number
+    # (`copy_short_ids`), into an output buffer that keeps `SPARE_IDS` items for it. With a
+    # buffer of a few thousand ids (a call needs room for a window of pre-tokens), the kernel
+    # is called again and again and stops each call near the end of its buffer: nothing past
+    # the buffer may change, and the ids are tiktoken's.
+    from nbbpe import encode
+
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    words = [" the", " quickly", " Xinjiang", " qwrtplkjh", " zzyzx", "!", "a", " 12345678",
+             " Zwölf", " ω", "\n\n", " pneumonoultra"]
+    counts = {len(tiktoken_gpt2.encode_ordinary(word)) for word in words}
+    assert {1, 2, 3}.issubset(counts) and max(counts) > 3  # a slot's 1 to 3 ids, and a record
+    rng = np.random.default_rng(0)
+    text = "".join(rng.choice(words, 6000))  # repeated: most are copied from the cache
+    expected = tiktoken_gpt2.encode_ordinary(text)
+    assert tokenizer.encode_to_numpy(text).tolist() == expected  # learns them
+    state = tokenizer._thread_state()
+    for text in (text, "a!" * 6000):  # and one id per byte: a call can fill its buffer exactly
+        expected = tiktoken_gpt2.encode_ordinary(text)
+        for items in range(3840, 3840 + 257):  # one of them is filled to its last item
+            monkeypatch.setattr(encode, "_OUT_ITEMS", items)
+            guarded = np.full(items + encode.SPARE_IDS + 16, -7, dtype=np.int32)
+            state.out = guarded[: items + encode.SPARE_IDS]  # what `output` hands the kernel
+            ids, _ = tokenizer.encode_utf8(text.encode())
+            assert ids.tolist() == expected, items
+            assert state.out.base is guarded  # the kernel had that buffer, called many times
+            assert (guarded[items + encode.SPARE_IDS :] == -7).all(), items
+
+
 def test_a_threads_cache_learns_without_touching_the_shared_vocab_table(gpt2_files):
     tokenizer = Tokenizer(*gpt2_files, [EOT])
     tokenizer.encode("warm up")
