@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from nbbpe.encode_tables import BUSY, _rehash, copy_ids, lookup, new_table, store
+from nbbpe.encode_tables import (BUSY, MAX_SHORT, SPARE_IDS, _rehash, copy_ids, copy_short_ids,
+                                  lookup, new_table, store)
 
 THREADS = 4
 
@@ -51,19 +52,23 @@ def store_all(table, buf, offsets, order, out):
 
 @njit
 def check_all(table, buf, offsets, out, want):
-    """How many keys are found with the ids `ids_of` gives them; -1 - k for the first found with
-    other ids."""
+    """How many keys are found with the ids `ids_of` gives them, by `copy_ids` and, for short
+    keys, by the encode loop's `copy_short_ids` (which writes at most `SPARE_IDS` items past
+    them); -1 - k for the first found with other ids."""
     found = 0
     for k in range(offsets.shape[0] - 1):
         start, end = offsets[k], offsets[k + 1]
-        s, _, _, _, _ = lookup(table, buf, start, end)
+        s, k0, k1, tag, h = lookup(table, buf, start, end)
         if s < 0:
             continue
-        m = copy_ids(table, s, out, 0)
-        if m != ids_of(buf, start, end, want):
+        n = ids_of(buf, start, end, want)
+        if copy_ids(table, s, out, 0) != n or not (out[:n] == want[:n]).all():
             return -1 - k
-        for i in range(m):
-            if out[i] != want[i]:
+        if tag <= MAX_SHORT:
+            out[:] = -1
+            if copy_short_ids(table, h, k0, k1, tag, out, 0) != n:
+                return -1 - k
+            if not (out[:n] == want[:n]).all() or (out[n + SPARE_IDS :] != -1).any():
                 return -1 - k
         found += 1
     return found
@@ -95,7 +100,7 @@ def test_threads_storing_at_once_leave_every_key_whole(seed):
     assert refused == [0] * THREADS
     metas = table.slots[2::4]
     assert not (metas == BUSY).any()  # every claimed slot was published
-    assert check_all(table, buf, offsets, np.empty(8, np.int32), np.empty(8, np.int32)) == n
+    assert check_all(table, buf, offsets, np.empty(16, np.int32), np.empty(16, np.int32)) == n
     # a key stored by two threads at once may take two slots, never more than one per thread
     assert n <= table.fill[1] == (metas != 0).sum() <= THREADS * n
 
@@ -121,7 +126,7 @@ def test_growing_while_threads_store_copies_only_whole_entries():
     final = new_table(4 * n, 64, 60 * n)._replace(learns=True)
     _rehash(table, final)
     for copy in [*copies, final]:
-        found = check_all(copy, buf, offsets, np.empty(8, np.int32), np.empty(8, np.int32))
+        found = check_all(copy, buf, offsets, np.empty(16, np.int32), np.empty(16, np.int32))
         assert found >= 0  # no entry with other ids than its key's
         assert copy.fill[1] == (copy.slots[2::4] != 0).sum() >= found
     assert found == n
