@@ -29,7 +29,8 @@ Two merge orders, both exact:
 
 Short pre-tokens merge by scanning their pairs; long ones on a heap of (rank, position), so no
 input, however long and repetitive, takes quadratic time: in the pass those of more than
-`_HEAP_FROM` bytes, outside it (`need`) those of more than `_HEAP_ABOVE` bytes.
+`_HEAP_FROM` bytes in RANKS order (which merges one pair per round), outside it (`need`) those of
+more than `_HEAP_ABOVE` bytes.
 
 The kernels are compiled without Numba's reference counting (`_nrt=False`): every array they
 touch is passed in, so per pre-token no atomic counter is touched. They allocate nothing; a
@@ -78,9 +79,7 @@ _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 # Pre-tokens longer than this many bytes merge on a heap, outside the one pass (rare in any
 # language: a CJK sentence without punctuation of 85 characters is 255 bytes).
 _HEAP_ABOVE = 256
-# Pre-tokens longer than this merge on a heap in the pass too: a round rescans all pairs, and from
-# 33 bytes on the heap is faster (multi_1M's new pre-tokens, MERGES order, per pre-token: 17-32
-# bytes 0.60 against 0.64 µs on the heap, 33-64 bytes 1.47 against 1.24, 129-256 8.2 against 5.6).
+# In RANKS order, pre-tokens longer than this merge on a heap in the pass too (`_merge_leftmost`).
 _HEAP_FROM = 32
 # Pairs of ids below 2**DENSE_BITS (the bytes and the first 768 merges, the pairs a merge meets
 # most) find their rank in a dense table of 4 MB: one load, no hash, no probe (a merge is ~10%
@@ -209,10 +208,7 @@ def _merge_rounds(work, lo, m, pairs, ranks):
     first occurrence, merging every occurrence left to right and updating the pairs that change;
     pairs between untouched tokens keep theirs. Each rank belongs to one pair, so
     pairs[i] == best marks an occurrence. Writes go behind the reads, so the sweep is in place.
-    A pre-token of more than `_HEAP_FROM` bytes merges on a heap (`pairs` has room).
     """
-    if m > _HEAP_FROM:
-        return _merge_on_heap(work, lo, m, pairs, ranks)
     for i in range(m - 1):
         pairs[i] = _pair_rank(ranks, work[lo + i], work[lo + i + 1])
     while m > 1:

@@ -152,7 +152,7 @@ def test_merges_apply_all_occurrences_of_the_lowest_rank_first():
     assert tokenizer.encode("aaa") == [97, 97, 97]
     assert tokenizer.encode("aba") == [257]
     reference = ReferenceEncoder(vocab, merges)
-    # and in pre-tokens long enough to merge on a heap (more than `_HEAP_FROM` bytes)
+    # also in long pre-tokens: merged in rounds in the pass, on a heap past `_HEAP_ABOVE` bytes
     for text in ["abab", "ababa", "aabab", "abaab", "ab" * 20, "aab" * 15 + "a", "ab" * 200]:
         assert tokenizer.encode(text) == reference.encode(text)
 
