@@ -43,6 +43,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
 from .scanners.classes import item_pointer, load_upto8
 
 MAX_SHORT = 16  # pre-tokens up to this many bytes are their own key

@@ -10,16 +10,93 @@ helpers of the other's kernel) are compiled here first, before the other process
 so that it loads them instead of compiling them at the same time (`merge.compile_late_callees`,
 `encode.compile_shared_first`). Nothing changes once the cache is warm, and if the other
 process fails, the kernels are simply compiled here when first used.
+
+A cached kernel is used only if no module of kernels has changed since it was compiled (see
+`kernel_sources_digest`): Numba alone checks the kernel's own file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
 import threading
 
 _announced = threading.Event()
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+# --- which cached kernels are current ----------------------------------------------------------
+#
+# Numba keys a cached kernel on its own source file only, but a kernel holds the code of what it
+# calls and inlines from other modules (`encode_documents` inlines `encode_tables.copy_short_ids`
+# and the scanners): after a change to one of those alone, the old kernel would be loaded, and
+# could give wrong ids (a table layout it no longer matches). So every kernel of this package is
+# keyed on the sources of all the modules that import Numba (`kernel_sources_digest`); each of
+# them imports this module before it defines its kernels.
+
+
+def kernel_sources_digest(package_dir: str = _PACKAGE) -> bytes:
+    """SHA-256 of the source of every module under `package_dir` that imports Numba or llvmlite
+    (the modules of kernels and of what they inline), with their paths."""
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(package_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                source = f.read()
+            if any(line.startswith((b"from numba", b"import numba", b"from llvmlite"))
+                   for line in source.splitlines()):
+                digest.update(os.path.relpath(path, package_dir).encode() + b"\0" + source + b"\0")
+    return digest.digest()
+
+
+class _PackageKeyedLocator:
+    """The cache locator Numba would use for a kernel of this package (where its cache lives),
+    but stamped with `kernel_sources_digest` instead of the hash of the kernel's own file."""
+
+    _digest: bytes | None = None
+
+    def __init__(self, locator):
+        self._locator = locator
+
+    def __getattr__(self, name):
+        return getattr(self._locator, name)
+
+    def get_source_stamp(self):
+        if _PackageKeyedLocator._digest is None:
+            _PackageKeyedLocator._digest = kernel_sources_digest()
+        return _PackageKeyedLocator._digest
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not os.path.abspath(py_file).startswith(_PACKAGE + os.sep):
+            return None
+        from numba.core.caching import CacheImpl
+
+        for other in CacheImpl._locator_classes:
+            if other is not cls:
+                locator = other.from_function(py_func, py_file)
+                if locator is not None:
+                    return cls(locator)
+        return None
+
+
+def _key_kernels_on_package_sources() -> None:
+    try:
+        from numba.core.caching import CacheImpl
+
+        if _PackageKeyedLocator not in CacheImpl._locator_classes:
+            CacheImpl._locator_classes.insert(0, _PackageKeyedLocator)
+    except (ImportError, AttributeError):  # another Numba's internals: its own keys, as before
+        pass
+
+
+_key_kernels_on_package_sources()
 
 
 def cached(dispatcher) -> bool:

@@ -32,6 +32,8 @@ from contextlib import contextmanager
 import numpy as np
 from numba import njit, objmode
 
+from . import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
+
 _EMPTY = -1
 _HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
 

@@ -38,6 +38,7 @@ import regex
 from numba import njit
 from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
+from .. import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
 from . import classes
 from .classes import MIN_ASCII, ascii_prefix, char_flags, entry_at, every_code_point, run_end
 from .spans import scan_segments

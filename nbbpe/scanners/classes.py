@@ -23,6 +23,8 @@ from numba.core import cgutils
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
+from .. import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
+
 N_CODE_POINTS = 0x110000
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 

@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from .. import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
 from .classes import LETTER, MIN_ASCII, NUMBER, SPACE, ascii_block, char_flags, entry_at
 from .spans import scan_segments
 

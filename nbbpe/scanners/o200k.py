@@ -47,6 +47,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from .. import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
 from . import classes
 from .cl100k import (_after_newline_starts, _before_trailing_whitespace, _digit_starts,
                      _runs_after, _suffix_length, check_ascii_entries, contraction_codes,

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .. import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
 from .classes import load8
 
 

@@ -1,0 +1,70 @@
+"""Which cached kernels are current: every kernel is keyed on the sources of all the modules that
+import Numba, not only its own file (`kernel_cache.kernel_sources_digest`), so a change to a
+helper it calls or inlines from another module is never loaded stale."""
+
+import importlib
+import shutil
+
+from numba.core.dispatcher import Dispatcher
+
+from nbbpe import kernel_cache
+from nbbpe.kernel_cache import kernel_sources_digest
+
+KERNEL_MODULES = ["nbbpe.encode", "nbbpe.encode_tables", "nbbpe.merge", "nbbpe.pretokenize_kernels",
+                  "nbbpe.scanners.classes", "nbbpe.scanners.gpt2", "nbbpe.scanners.cl100k",
+                  "nbbpe.scanners.o200k", "nbbpe.scanners.specials"]
+
+
+def test_every_cached_kernel_is_keyed_on_all_kernel_sources():
+    digest = kernel_sources_digest()
+    checked = 0
+    for name in KERNEL_MODULES:
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if not isinstance(value, Dispatcher) or value.__module__ != name:
+                continue
+            impl = getattr(value._cache, "_impl", None)
+            if impl is None:  # not cache=True (inline helpers)
+                continue
+            assert isinstance(impl.locator, kernel_cache._PackageKeyedLocator), value
+            assert impl.locator.get_source_stamp() == digest
+            checked += 1
+    assert checked > 40  # the kernels of every stage
+
+
+def test_the_digest_follows_every_module_importing_numba_and_nothing_else(tmp_path):
+    package = tmp_path / "nbbpe"
+    shutil.copytree(kernel_cache._PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = kernel_sources_digest(str(package))
+    assert before == kernel_sources_digest()  # the same sources, wherever they are
+
+    def changed(path, text):
+        original = path.read_text()
+        path.write_text(original + text)
+        try:
+            return kernel_sources_digest(str(package)) != before
+        finally:
+            path.write_text(original)
+
+    assert changed(package / "encode_tables.py", "\n# a helper the encode kernels inline\n")
+    assert changed(package / "scanners" / "classes.py", "\nX = 1\n")
+    assert not changed(package / "cli.py", "\n# no kernel here\n")
+    assert not changed(package / "tokenizer.py", "\n# nor here\n")
+    assert changed(package / "tokenizer.py", "\nfrom numba import njit\n")  # now it would be one
+
+
+def test_each_kernel_module_keys_its_kernels_when_imported_first():
+    # the keying is installed by importing kernel_cache, which each kernel module does before it
+    # defines its kernels: whichever of them a process imports first
+    import subprocess
+    import sys
+
+    check = ("import importlib, sys; from numba.core.dispatcher import Dispatcher; "
+             "m = importlib.import_module(sys.argv[1]); "
+             "kernels = [v for v in vars(m).values() if isinstance(v, Dispatcher) "
+             "and getattr(v._cache, '_impl', None) is not None]; "
+             "assert kernels and all(type(v._cache._impl.locator).__name__ == "
+             "'_PackageKeyedLocator' for v in kernels), sys.argv[1]")
+    for name in KERNEL_MODULES:
+        result = subprocess.run([sys.executable, "-c", check, name], capture_output=True, text=True)
+        assert result.returncode == 0, (name, result.stderr[-500:])
