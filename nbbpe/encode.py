@@ -514,24 +514,27 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                 for t in range(n):
                     j = window[t]
                     tag = tags[t]
-                    if tag:  # nearly all: found, with its ids in its slot, written out
-                        count = copy_short_ids(cache, np.uint64(hashes[t]), keys0[t], keys1[t],
+                    if tag:  # nearly all: of 1 to 16 bytes, found, its ids written out
+                        found = copy_short_ids(cache, np.uint64(hashes[t]), keys0[t], keys1[t],
                                                tag, out, w)
-                        if count:
-                            w += count
-                            i = j
-                            continue
+                        if found > 0:
+                            w += found
+                        else:  # new: merged, and stored where the search ended
+                            w += encode_new(buf, i, j, keys0[t], keys1[t], tag,
+                                            np.uint64(hashes[t]), found, out, w, ranks, cache,
+                                            pairs)
+                            if is_full(cache):  # it learns no more: let it grow, then go on
+                                return w, doc, j, -1
+                        i = j
+                        continue
                     length = j - i
                     if length == 1:
                         out[w] = ranks.byte_ids[buf[i]]
                         w += 1
                     elif length > _HEAP_ABOVE:
                         return w, doc, i, length
-                    else:
-                        if tag:
-                            k0, k1, h = keys0[t], keys1[t], np.uint64(hashes[t])
-                        else:
-                            k0, k1, tag, h = key_of(buf, i, j)
+                    else:  # longer than 16 bytes, or too near the end of buf for two loads
+                        k0, k1, tag, h = key_of(buf, i, j)
                         w += _encode_one(encode_new, buf, i, j, k0, k1, tag, h, out, w, ranks,
                                          cache, pairs)
                         if is_full(cache):  # it learns no more: let it grow, then go on

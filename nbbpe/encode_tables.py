@@ -316,7 +316,9 @@ def _same_bytes(table, r, buf, start, length):
 @njit(inline="always")  # into the encode loop: its path for nearly every pre-token
 def copy_short_ids(table, h, k0, k1, tag, out, w):
     """If the pre-token of 1 to 16 bytes keyed (k0, k1, tag), of hash h, is in `table`, write its
-    ids to out[w:] and return how many; else 0 (then `find` says where it would go).
+    ids to out[w:] and return how many; else return -1 - the empty slot where it would go, as
+    `find` does (a hint for `store`, which takes the next empty slot if another thread has taken
+    that one since).
 
     A slot's three ids are written whatever their number, so `out` needs `SPARE_IDS` more items
     than the pre-token has bytes: how many ids a pre-token has changes from one to the next, and
@@ -329,7 +331,7 @@ def copy_short_ids(table, h, k0, k1, tag, out, w):
     while True:
         meta = slots[4 * s + 2]
         if meta == 0:
-            return 0
+            return -1 - s
         if ((meta & 255) == tag and load_after(slots, 4 * s, meta) == k0
                 and load_after(slots, 4 * s + 1, meta) == k1):
             count = (meta >> 8) & 3

@@ -59,7 +59,9 @@ def check_all(table, buf, offsets, out, want):
     for k in range(offsets.shape[0] - 1):
         start, end = offsets[k], offsets[k + 1]
         s, k0, k1, tag, h = lookup(table, buf, start, end)
-        if s < 0:
+        if s < 0:  # not stored: both searches end at the same empty slot
+            if tag <= MAX_SHORT and copy_short_ids(table, h, k0, k1, tag, out, 0) != s:
+                return -1 - k
             continue
         n = ids_of(buf, start, end, want)
         if copy_ids(table, s, out, 0) != n or not (out[:n] == want[:n]).all():
@@ -103,6 +105,16 @@ def test_threads_storing_at_once_leave_every_key_whole(seed):
     assert check_all(table, buf, offsets, np.empty(16, np.int32), np.empty(16, np.int32)) == n
     # a key stored by two threads at once may take two slots, never more than one per thread
     assert n <= table.fill[1] == (metas != 0).sum() <= THREADS * n
+
+
+def test_the_encode_loops_search_ends_where_find_does():
+    # a pre-token the encode loop does not find is merged and stored at the empty slot where its
+    # search (`copy_short_ids`) ended: the one `find` gives
+    buf, offsets = make_keys(20_000, seed=9)
+    n = len(offsets) - 1
+    table = new_table(n, 64, 60 * n)._replace(learns=True)
+    assert store_all(table, buf, offsets, np.arange(0, n, 2), np.empty(8, np.int32)) == 0
+    assert check_all(table, buf, offsets, np.empty(16, np.int32), np.empty(16, np.int32)) == n // 2
 
 
 def test_growing_while_threads_store_copies_only_whole_entries():
