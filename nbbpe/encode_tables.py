@@ -337,16 +337,21 @@ def copy_short_ids(table, h, k0, k1, tag, out, w):
             count = (meta >> 8) & 3
             ext = load_after(slots, 4 * s + 3, meta)
             if count == 0:  # more than three ids: in a record, written before `meta` too
-                records = table.records
-                count = records[ext]
-                for k in range(count):
-                    out[w + k] = records[ext + 1 + k]
-                return count
+                return _copy_record_ids(table.records, ext, out, w)
             out[w] = np.int32(meta >> 10)
             out[w + 1] = np.int32(ext & _LOW32)
             out[w + 2] = np.int32(ext >> 32)
             return count
         s = (s + 1) & mask
+
+
+@njit(inline="always")
+def _copy_record_ids(records, r, out, w):
+    """Write the ids of the record at r ([number of ids, ids...]) to out[w:]; return how many."""
+    count = records[r]
+    for k in range(count):
+        out[w + k] = records[r + 1 + k]
+    return count
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -356,11 +361,7 @@ def copy_ids(table, s, out, w):
     ext = table.slots[4 * s + 3]
     count = (meta >> 8) & 3
     if count == 0:
-        records = table.records
-        m = records[ext]
-        for i in range(m):
-            out[w + i] = records[ext + 1 + i]
-        return m
+        return _copy_record_ids(table.records, ext, out, w)
     out[w] = np.int32(meta >> 10)
     if count > 1:
         out[w + 1] = np.int32(ext & _LOW32)
