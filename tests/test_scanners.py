@@ -18,7 +18,9 @@ from numba import njit
 
 from nbbpe.patterns import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN, TIKTOKEN_GPT2_PATTERN
 from nbbpe.scanners import cl100k, gpt2, o200k
-from nbbpe.scanners.classes import N_CODE_POINTS, AsciiBlock, ascii_block, every_code_point
+from nbbpe.scanners.classes import (N_CODE_POINTS, AsciiBlock, ascii_block, byte_mask,
+                                    every_code_point)
+from nbbpe.scanners.specials import make_specials, next_special
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_TEXTS = sorted(path.name for path in FIXTURES.glob("*.txt")) + ["corpus.en"]
@@ -314,6 +316,51 @@ def test_ascii_block_masks_every_byte_value_at_every_alignment():
         block = [int(b) for b in buf[p:p + 64]]
         want = tuple(sum(1 << k for k, b in enumerate(block) if rule(b)) for rule in rules)
         assert tuple(int(m) for m in masks(buf, p)) == want, p
+
+
+def test_byte_mask_finds_every_byte_value_at_every_alignment():
+    @njit
+    def mask(buf, p, byte):
+        return byte_mask(buf, p, byte)
+
+    buf = np.frombuffer(bytes(range(256)) * 2 + bytes(range(255, -1, -1)), dtype=np.uint8)
+    for p in range(0, buf.size - 64, 5):
+        for byte in (0, 1, 60, 0x7F, 0x80, 0xC3, 0xFF, int(buf[p + 63])):
+            want = sum(1 << k for k in range(64) if buf[p + k] == byte)
+            assert int(mask(buf, p, byte)) == want, (p, byte)
+
+
+def reference_next_special(data: bytes, i: int, end: int, tokens: list[bytes]):
+    """(where, which) as `next_special` promises: the first place in data[i:end] where a token
+    starts, the longest there, by its index in `tokens` (longest first)."""
+    for at in range(i, end):
+        for which, token in enumerate(tokens):
+            if data.startswith(token, at) and at + len(token) <= end:
+                return at, which
+    return end, -1
+
+
+@pytest.mark.parametrize("tokens", [["<|endoftext|>"], ["<|endoftext|>", "<|fim|>", "<"],
+                                    ["\u00e9t\u00e9", "[SEP]", "<s>"]])
+def test_next_special_finds_the_first_occurrence(tokens):
+    # Tokens dropped at random places of random bytes (many of them a token's first byte), so
+    # the 64- and 8-byte skips meet occurrences at every offset, near ends and cut by `end`.
+    specials = make_specials([(token, 1000 + k) for k, token in enumerate(tokens)])
+    encoded = [bytes(specials.data[specials.offsets[t]:specials.offsets[t + 1]])
+               for t in range(len(specials.ids))]
+    rng = random.Random(7)
+    alphabet = b"ab <|\xc3\xa9e[t"
+    for _ in range(300):
+        data = bytearray(rng.choice(alphabet) for _ in range(rng.randrange(0, 300)))
+        for _ in range(rng.randrange(0, 3)):
+            at = rng.randrange(0, len(data) + 1)
+            data[at:at] = rng.choice(encoded)
+        data = bytes(data)
+        buf = np.frombuffer(data, dtype=np.uint8)
+        i = rng.randrange(0, len(data) + 1)
+        end = rng.randrange(i, len(data) + 1)
+        got = next_special(buf, i, end, specials)
+        assert (int(got[0]), int(got[1])) == reference_next_special(data, i, end, encoded), (data, i, end)
 
 
 def scalar_starts(family, buf):

@@ -187,6 +187,25 @@ def ascii_block(typingctx, buf, p):
     return types.UniTuple(types.uint64, 9)(buf, p), codegen
 
 
+@intrinsic
+def byte_mask(typingctx, buf, p, byte):
+    """Which of the bytes buf[p:p + 64] (the caller ensures they exist) equal `byte`, as a
+    uint64 (bit k for byte k): one 64-byte vector load and compare, as in `ascii_block`."""
+    if not (_bytes_and_index(buf, p) and isinstance(byte, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i8 = ir.IntType(8)
+        vector = ir.VectorType(i8, 64)
+        x = _load_at(context, builder, signature, args, vector)
+        value = builder.trunc(context.cast(builder, args[2], signature.args[2], types.int64), i8)
+        one = builder.insert_element(ir.Constant(vector, None), value, ir.Constant(ir.IntType(32), 0))
+        splat = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), 64), [0] * 64))
+        return builder.bitcast(builder.icmp_unsigned("==", x, splat), ir.IntType(64))
+
+    return types.uint64(buf, p, byte), codegen
+
+
 # A block whose first n < MIN_ASCII bytes are ASCII decides no pre-token start at bits 1..n - 3
 # (the block scanners then return 0: the caller scans one pre-token at a time).
 MIN_ASCII = 4

@@ -10,9 +10,10 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from .. import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
-from .classes import load8
+from .classes import byte_mask, load8
 
 
 class Specials(NamedTuple):
@@ -48,8 +49,14 @@ _LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
 
 @njit(cache=True, nogil=True, _nrt=False)
 def _skip_to_byte(buf, i, end, byte):
-    """The first i' >= i such that buf[i'] may be `byte`: skips eight bytes at a time those that
-    hold none (a SWAR zero-byte test, exact: no false negatives)."""
+    """The first i' >= i such that buf[i'] may be `byte`: 64 bytes at a time (a vector compare,
+    `byte_mask`), then eight (a SWAR zero-byte test, exact: no false negatives). Texts hold
+    special tokens rarely, and the eight-byte loop took ~0.6 ms of a 40 ms pass over 5 MB."""
+    while i + 64 <= end:
+        found = byte_mask(buf, i, byte)
+        if found:
+            return i + np.int64(trailing_zeros(found))
+        i += 64
     pattern = _ONES * np.uint64(byte)
     while i + 8 <= end:
         x = load8(buf, i) ^ pattern  # a zero byte where buf holds `byte`
