@@ -326,23 +326,25 @@ def copy_short_ids(table, h, k0, k1, tag, out, w):
     loop took 211 ms where it now takes 151). Like `find`, it reads a slot's `meta` before its
     key and ids (`load_after`)."""
     slots = table.slots
-    mask = (slots.shape[0] >> 2) - 1
-    s = home(table, h)
+    # Unsigned indices: Numba adds a negative-index wraparound to every signed one.
+    mask = np.uint64((slots.shape[0] >> 2) - 1)
+    s = np.uint64(h >> np.uint64(table.shift))  # `home`
+    u = np.uint64(w)
     while True:
-        meta = slots[4 * s + 2]
+        meta = slots[np.uint64(4) * s + np.uint64(2)]
         if meta == 0:
-            return -1 - s
-        if ((meta & 255) == tag and load_after(slots, 4 * s, meta) == k0
-                and load_after(slots, 4 * s + 1, meta) == k1):
+            return -1 - np.int64(s)
+        if ((meta & 255) == tag and load_after(slots, np.uint64(4) * s, meta) == k0
+                and load_after(slots, np.uint64(4) * s + np.uint64(1), meta) == k1):
             count = (meta >> 8) & 3
-            ext = load_after(slots, 4 * s + 3, meta)
+            ext = load_after(slots, np.uint64(4) * s + np.uint64(3), meta)
             if count == 0:  # more than three ids: in a record, written before `meta` too
                 return _copy_record_ids(table.records, ext, out, w)
-            out[w] = np.int32(meta >> 10)
-            out[w + 1] = np.int32(ext & _LOW32)
-            out[w + 2] = np.int32(ext >> 32)
+            out[u] = np.int32(meta >> 10)
+            out[u + np.uint64(1)] = np.int32(ext & _LOW32)
+            out[u + np.uint64(2)] = np.int32(ext >> 32)
             return count
-        s = (s + 1) & mask
+        s = (s + np.uint64(1)) & mask
 
 
 @njit(inline="always")
