@@ -424,7 +424,7 @@ def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cac
     return the number of ids."""
     length = end - start
     for i in range(length):
-        out[w + i] = ranks.byte_ids[buf[start + i]]
+        out[_at(w + i)] = ranks.byte_ids[buf[_at(start + i)]]
     m = merge(out, w, length, pairs, ranks)
     if cache.learns:
         store(cache, -1 - slot, k0, k1, tag, buf, start, length, out, w, m)
@@ -537,7 +537,7 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                         continue
                     length = j - i
                     if length == 1:
-                        out[w] = ranks.byte_ids[buf[i]]
+                        out[_at(w)] = ranks.byte_ids[buf[_at(i)]]
                         w += 1
                     elif length > _HEAP_ABOVE:
                         return w, doc, i, length

@@ -350,9 +350,9 @@ def copy_short_ids(table, h, k0, k1, tag, out, w):
 @njit(inline="always")
 def _copy_record_ids(records, r, out, w):
     """Write the ids of the record at r ([number of ids, ids...]) to out[w:]; return how many."""
-    count = records[r]
+    count = records[np.uint64(r)]  # (unsigned indices: see `copy_short_ids`)
     for k in range(count):
-        out[w + k] = records[r + 1 + k]
+        out[np.uint64(w + k)] = records[np.uint64(r + 1 + k)]
     return count
 
 

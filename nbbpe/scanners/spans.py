@@ -36,11 +36,11 @@ def scan_window(scanner, block_scanner, buf, table, i, stop, ends):
             while bits:
                 i = base + np.int64(trailing_zeros(bits))
                 bits &= bits - np.uint64(1)
-                ends[k] = i
+                ends[np.uint64(k)] = i  # (unsigned: no negative-index wraparound)
                 k += 1
         else:
             i = scanner(buf, table, i, stop)
-            ends[k] = i
+            ends[np.uint64(k)] = i
             k += 1
     return k
 
