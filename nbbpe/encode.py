@@ -64,7 +64,7 @@ from .encode_tables import (
     with_room,
 )
 from .kernel_cache import entry_point
-from .scanners.classes import load8
+from .scanners.classes import load8, uindex
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
 from .scanners.o200k import o200k_block_boundaries, o200k_pretoken_end
@@ -169,23 +169,15 @@ def _fill_ranks(left, right, rank, id_bits, rank_bits, bits):
     return slots
 
 
-@njit(inline="always")
-def _at(i):
-    """Index i as Numba takes it as it is: to every signed index it adds a negative-index
-    wraparound (three instructions), and a merge indexes its arrays at every step (merging is
-    ~7% faster without)."""
-    return np.uint64(i)
-
-
 @njit(cache=True, nogil=True)
 def _pair_rank(ranks, a, b):
     """The rank of pair (a, b), or NO_MERGE if it does not merge."""
     if (a | b) < (1 << ranks.dense_bits):  # bytes and the first merges: one load, no hash
-        r = ranks.dense[_at((np.int64(a) << ranks.dense_bits) | np.int64(b))]
+        r = ranks.dense[uindex((np.int64(a) << ranks.dense_bits) | np.int64(b))]
         return NO_MERGE if r < 0 else np.int64(r)
     pair = (np.int64(a) << ranks.id_bits) | np.int64(b)
     slots = ranks.slots
-    mask = _at(slots.shape[0] - 1)
+    mask = uindex(slots.shape[0] - 1)
     s = (np.uint64(pair) * _GOLDEN) >> np.uint64(ranks.shift)
     while True:
         entry = slots[s]
@@ -218,13 +210,13 @@ def _merge_rounds(work, lo, m, pairs, ranks):
     pairs[i] == best marks an occurrence. Writes go behind the reads, so the sweep is in place.
     """
     for i in range(m - 1):
-        pairs[_at(i)] = _pair_rank(ranks, work[_at(lo + i)], work[_at(lo + i + 1)])
+        pairs[uindex(i)] = _pair_rank(ranks, work[uindex(lo + i)], work[uindex(lo + i + 1)])
     while m > 1:
         best = NO_MERGE
         at = -1
         for i in range(m - 1):
-            if pairs[_at(i)] < best:
-                best = pairs[_at(i)]
+            if pairs[uindex(i)] < best:
+                best = pairs[uindex(i)]
                 at = i
         if at < 0:
             break
@@ -233,20 +225,20 @@ def _merge_rounds(work, lo, m, pairs, ranks):
         i = at
         prev_copied = at > 0  # work[w - 1] is the old token at i - 1, unchanged
         while i < m:
-            if i < m - 1 and pairs[_at(i)] == best:
+            if i < m - 1 and pairs[uindex(i)] == best:
                 token = merged
                 copied = False
                 step = 2
             else:
-                token = work[_at(lo + i)]
+                token = work[uindex(lo + i)]
                 copied = True
                 step = 1
             if w > 0:
                 if copied and prev_copied:
-                    pairs[_at(w - 1)] = pairs[_at(i - 1)]
+                    pairs[uindex(w - 1)] = pairs[uindex(i - 1)]
                 else:
-                    pairs[_at(w - 1)] = _pair_rank(ranks, work[_at(lo + w - 1)], token)
-            work[_at(lo + w)] = token
+                    pairs[uindex(w - 1)] = _pair_rank(ranks, work[uindex(lo + w - 1)], token)
+            work[uindex(lo + w)] = token
             prev_copied = copied
             w += 1
             i += step
@@ -262,25 +254,25 @@ def _merge_leftmost(work, lo, m, pairs, ranks):
     if m > _HEAP_FROM:
         return _merge_on_heap(work, lo, m, pairs, ranks)
     for i in range(m - 1):
-        pairs[_at(i)] = _pair_rank(ranks, work[_at(lo + i)], work[_at(lo + i + 1)])
+        pairs[uindex(i)] = _pair_rank(ranks, work[uindex(lo + i)], work[uindex(lo + i + 1)])
     while m > 1:
         best = NO_MERGE
         at = -1
         for i in range(m - 1):
-            if pairs[_at(i)] < best:  # strictly lower: the leftmost wins a tie
-                best = pairs[_at(i)]
+            if pairs[uindex(i)] < best:  # strictly lower: the leftmost wins a tie
+                best = pairs[uindex(i)]
                 at = i
         if at < 0:
             break
-        work[_at(lo + at)] = _merged(ranks, best)
+        work[uindex(lo + at)] = _merged(ranks, best)
         for i in range(at + 1, m - 1):
-            work[_at(lo + i)] = work[_at(lo + i + 1)]
-            pairs[_at(i)] = pairs[_at(i + 1)]
+            work[uindex(lo + i)] = work[uindex(lo + i + 1)]
+            pairs[uindex(i)] = pairs[uindex(i + 1)]
         m -= 1
         if at > 0:
-            pairs[_at(at - 1)] = _pair_rank(ranks, work[_at(lo + at - 1)], work[_at(lo + at)])
+            pairs[uindex(at - 1)] = _pair_rank(ranks, work[uindex(lo + at - 1)], work[uindex(lo + at)])
         if at < m - 1:
-            pairs[_at(at)] = _pair_rank(ranks, work[_at(lo + at)], work[_at(lo + at + 1)])
+            pairs[uindex(at)] = _pair_rank(ranks, work[uindex(lo + at)], work[uindex(lo + at + 1)])
     return m
 
 
@@ -424,7 +416,7 @@ def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cac
     return the number of ids."""
     length = end - start
     for i in range(length):
-        out[_at(w + i)] = ranks.byte_ids[buf[_at(start + i)]]
+        out[uindex(w + i)] = ranks.byte_ids[buf[uindex(start + i)]]
     m = merge(out, w, length, pairs, ranks)
     if cache.learns:
         store(cache, -1 - slot, k0, k1, tag, buf, start, length, out, w, m)
@@ -537,7 +529,7 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                         continue
                     length = j - i
                     if length == 1:
-                        out[_at(w)] = ranks.byte_ids[buf[_at(i)]]
+                        out[uindex(w)] = ranks.byte_ids[buf[uindex(i)]]
                         w += 1
                     elif length > _HEAP_ABOVE:
                         return w, doc, i, length

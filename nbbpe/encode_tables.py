@@ -44,7 +44,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
-from .scanners.classes import item_pointer, load_upto8
+from .scanners.classes import item_pointer, load_upto8, uindex
 
 MAX_SHORT = 16  # pre-tokens up to this many bytes are their own key
 SPARE_IDS = 2  # items `copy_short_ids` may write past a pre-token's ids
@@ -328,33 +328,31 @@ def copy_short_ids(table, h, k0, k1, tag, out, w):
     loop took 211 ms where it now takes 151). Like `find`, it reads a slot's `meta` before its
     key and ids (`load_after`)."""
     slots = table.slots
-    # Unsigned indices: Numba adds a negative-index wraparound to every signed one.
-    mask = np.uint64((slots.shape[0] >> 2) - 1)
-    s = np.uint64(h >> np.uint64(table.shift))  # `home`
-    u = np.uint64(w)
+    mask = (slots.shape[0] >> 2) - 1
+    s = home(table, h)
     while True:
-        meta = slots[np.uint64(4) * s + np.uint64(2)]
+        meta = slots[uindex(4 * s + 2)]
         if meta == 0:
-            return -1 - np.int64(s)
-        if ((meta & 255) == tag and load_after(slots, np.uint64(4) * s, meta) == k0
-                and load_after(slots, np.uint64(4) * s + np.uint64(1), meta) == k1):
+            return -1 - s
+        if ((meta & 255) == tag and load_after(slots, 4 * s, meta) == k0
+                and load_after(slots, 4 * s + 1, meta) == k1):
             count = (meta >> 8) & 3
-            ext = load_after(slots, np.uint64(4) * s + np.uint64(3), meta)
+            ext = load_after(slots, 4 * s + 3, meta)
             if count == 0:  # more than three ids: in a record, written before `meta` too
                 return _copy_record_ids(table.records, ext, out, w)
-            out[u] = np.int32(meta >> 10)
-            out[u + np.uint64(1)] = np.int32(ext & _LOW32)
-            out[u + np.uint64(2)] = np.int32(ext >> 32)
+            out[uindex(w)] = np.int32(meta >> 10)
+            out[uindex(w + 1)] = np.int32(ext & _LOW32)
+            out[uindex(w + 2)] = np.int32(ext >> 32)
             return count
-        s = (s + np.uint64(1)) & mask
+        s = (s + 1) & mask
 
 
 @njit(inline="always")
 def _copy_record_ids(records, r, out, w):
     """Write the ids of the record at r ([number of ids, ids...]) to out[w:]; return how many."""
-    count = records[np.uint64(r)]  # (unsigned indices: see `copy_short_ids`)
+    count = records[uindex(r)]
     for k in range(count):
-        out[np.uint64(w + k)] = records[np.uint64(r + 1 + k)]
+        out[uindex(w + k)] = records[uindex(r + 1 + k)]
     return count
 
 

@@ -92,6 +92,14 @@ def item_pointer(context, builder, signature, args):
     return cgutils.get_item_pointer(context, builder, arraytype, data, [index])
 
 
+@njit(inline="always")
+def uindex(i):
+    """Index `i` (never negative) as an unsigned integer: Numba adds a negative-index wraparound
+    (three instructions) to every signed index, which the encode loop and the merges would pay
+    at nearly every array access."""
+    return np.uint64(i)
+
+
 def _load_at(context, builder, signature, args, lltype):
     """LLVM: an unaligned load of an `lltype` value at buf[i] (args: buf, i)."""
     address = item_pointer(context, builder, signature, args)

@@ -16,6 +16,8 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from .classes import uindex
+
 BLOCK = 64  # bytes a block scanner looks at
 WINDOW = 256  # pre-tokens found per `scan_window` call
 
@@ -36,11 +38,11 @@ def scan_window(scanner, block_scanner, buf, table, i, stop, ends):
             while bits:
                 i = base + np.int64(trailing_zeros(bits))
                 bits &= bits - np.uint64(1)
-                ends[np.uint64(k)] = i  # (unsigned: no negative-index wraparound)
+                ends[uindex(k)] = i
                 k += 1
         else:
             i = scanner(buf, table, i, stop)
-            ends[np.uint64(k)] = i
+            ends[uindex(k)] = i
             k += 1
     return k
 

