@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import regex
 
-from .corpus import iter_safe_boundaries, whitespace_cuts_allowed
+from .corpus import safe_text_cuts, whitespace_cuts_allowed
 from .patterns import (
     CL100K_PATTERN,
     GPT2_PATTERN,
@@ -473,11 +473,11 @@ class Tokenizer:
 
     def _encode_pieces_on_threads(self, texts: list[str], lengths: np.ndarray, threads: int,
                                   dtype) -> tuple[np.ndarray, np.ndarray]:
-        """`encode_batch_to_numpy` on `threads` threads, for the compiled patterns: the texts in
-        UTF-8, a text longer than a group cut into pieces where a cut cannot change its ids,
-        and the pieces encoded in groups of about equal size, a few per thread (so one long
-        text does not leave the other threads idle). The threads turn the other texts into
-        UTF-8, each while the other encodes. `lengths`: the texts' lengths."""
+        """`encode_batch_to_numpy` on `threads` threads, for the compiled patterns: a text
+        longer than a group cut into pieces where a cut cannot change its ids, and the pieces
+        encoded in groups of about equal size, a few per thread (so one long text does not
+        leave the other threads idle). The threads turn the pieces into UTF-8, each while the
+        other encodes. `lengths`: the texts' lengths."""
         groups = _GROUPS_PER_THREAD * threads
         size = int(lengths.sum()) // groups + 1
         if lengths.max(initial=0) > 2 * size:
@@ -493,14 +493,14 @@ class Tokenizer:
         offsets[1:] = piece_offsets[last_piece + 1]
         return ids, offsets
 
-    def _encode_pieces(self, pieces: list[str | bytes], dtype) -> tuple[np.ndarray, np.ndarray]:
-        """(ids as `dtype`, where each piece's ids end) of `pieces` (texts, or pieces of texts
-        in UTF-8), in this thread. What holds the GIL here keeps the other threads waiting: a
-        group of ASCII texts becomes bytes in one join and one copy."""
-        if all(type(piece) is str and piece.isascii() for piece in pieces):  # isascii: O(1)
+    def _encode_pieces(self, pieces: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
+        """(ids as `dtype`, where each piece's ids end) of `pieces` (texts, or pieces of texts),
+        in this thread. What holds the GIL here keeps the other threads waiting: a group of
+        ASCII texts becomes bytes in one join and one copy."""
+        if all(piece.isascii() for piece in pieces):  # isascii: O(1)
             data = "".join(pieces).encode("ascii")  # as many bytes as characters
         else:
-            pieces = [piece if type(piece) is bytes else _utf8(piece) for piece in pieces]
+            pieces = [_utf8(piece) for piece in pieces]
             data = b"".join(pieces)
         ends = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)).cumsum()
         return self.encode_utf8(data, ends, dtype=dtype)
@@ -924,18 +924,16 @@ def _join_parts(parts, n_texts: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _cut_long_texts(texts: list[str], size: int, special_tokens, whitespace_cuts: bool):
     """(pieces, last): `texts` with each text longer than 2 * `size` characters cut into pieces
-    of about `size` bytes of UTF-8 where no pre-token or special token can span the cut
-    (`corpus.iter_safe_boundaries`: the ids of the pieces, end to end, are the text's), and
-    the index of each text's last piece (an int64 array). A text not cut stays a str."""
-    pieces: list[str | bytes] = []
+    of about `size` characters where no pre-token or special token can span the cut
+    (`corpus.safe_text_cuts`: the ids of the pieces, end to end, are the text's), and the index
+    of each text's last piece (an int64 array). Pieces are str: the threads turn them into
+    UTF-8, each while another encodes, instead of this one before they start."""
+    pieces: list[str] = []
     last = []
     for text in texts:
         if len(text) > 2 * size:
-            text = _utf8(text)
-            view = memoryview(text)
             start = 0
-            for cut in iter_safe_boundaries(lambda pos, n: view[pos : pos + n].tobytes(), size,
-                                            special_tokens, whitespace_cuts=whitespace_cuts):
+            for cut in safe_text_cuts(text, size, special_tokens, whitespace_cuts=whitespace_cuts):
                 pieces.append(text[start:cut])
                 start = cut
             text = text[start:] if start else text

@@ -618,8 +618,13 @@ def test_a_long_text_in_a_batch_is_cut_for_the_threads(gpt2_files):
     assert tok.encode_batch([long_text], num_threads=2) == [want[1]]
 
 
+# Surrogates a str may hold: a pair (one character in UTF-8) and lone ones (U+FFFD each).
+SURROGATES = ["\ud83d\ude00", "\ud800", "\udfff", "\udc00 ", "a\ud83d"]
+surrogate_texts = st.lists(st.one_of(pieces, st.sampled_from(SURROGATES)), max_size=25).map("".join)
+
+
 @settings(max_examples=60)
-@given(st.lists(texts, min_size=1, max_size=4), st.integers(1, 40))
+@given(st.lists(st.one_of(texts, surrogate_texts), min_size=1, max_size=4), st.integers(1, 40))
 def test_long_texts_are_cut_where_their_ids_cannot_change(gpt2, batch, size):
     from nbbpe.tokenizer import _cut_long_texts, _utf8
 
@@ -627,11 +632,33 @@ def test_long_texts_are_cut_where_their_ids_cannot_change(gpt2, batch, size):
     first = [0, *(last[:-1] + 1).tolist()]
     for k, text in enumerate(batch):
         own = pieces[first[k] : last[k] + 1]
-        if len(own) == 1 and type(own[0]) is str:  # not cut
+        if len(own) == 1:  # not cut
             assert own[0] is text
             continue
-        assert b"".join(own) == _utf8(text)  # lone surrogates as U+FFFD, as encode reads them
-        assert [i for piece in own for i in gpt2.encode(piece.decode())] == gpt2.encode(text)
+        assert all(own) and "".join(own) == text
+        # each piece's UTF-8 (lone surrogates as U+FFFD, as encode reads them) is its part
+        assert b"".join(map(_utf8, own)) == _utf8(text)
+        assert [i for piece in own for i in gpt2.encode(piece)] == gpt2.encode(text)
+
+
+def test_text_cuts_avoid_special_tokens_and_surrogate_pairs():
+    from nbbpe.corpus import safe_text_cuts
+
+    text = "word \ud83d\ude00 x<|a b|>y\n" * 50
+    starts = [k for k in range(len(text)) if text.startswith("<|a b|>", k)]
+    for size in range(1, 20):  # cuts searched from every place, inside the token too
+        cuts = list(safe_text_cuts(text, size, ["<|a b|>"]))
+        assert cuts == sorted(set(cuts)) and 0 < cuts[0] and cuts[-1] < len(text)
+        for cut in cuts:  # next to ASCII on both sides, or where the special token starts
+            assert cut in starts or (text[cut - 1].isascii() and text[cut] in " \n")
+            assert not any(0 < cut - k < 7 for k in starts)
+    only_specials = list(safe_text_cuts(text, 20, ["<|a b|>"], whitespace_cuts=False))
+    assert len(only_specials) > 10 and set(only_specials) <= set(starts)
+    assert min(b - a for a, b in zip(only_specials, only_specials[1:])) >= 20
+    # A special token holding U+FFFD may match where the str has a lone surrogate: no cut.
+    assert list(safe_text_cuts("ab \ud800 cd " * 30, 4, ["\ufffd"])) == []
+    with pytest.raises(ValueError, match="chunk_chars"):
+        list(safe_text_cuts(text, 0))
 
 
 def test_one_tokenizer_shared_by_many_threads(gpt2_files):
