@@ -74,9 +74,24 @@ def new_table(max_entries: int, max_key_len: int, record_items: int) -> Table:
     records (multi-id and long entries) hold `record_items` items."""
     max_entries = min(max(1, int(max_entries)), 1 << 28)
     bits = max(4, int(4 * max_entries // 3).bit_length())
-    return Table(np.zeros(4 << bits, dtype=np.int64),
+    return Table(_aligned_slots(4 << bits),
                  np.zeros(max(record_items, 4 + 2 * max_key_len), dtype=np.int32),
                  np.zeros(3, dtype=np.int64), 64 - bits, max_entries, int(max_key_len), False)
+
+
+_HUGE_PAGE = 2 << 20
+
+
+def _aligned_slots(items: int, zeroed: bool = True) -> np.ndarray:
+    """int64[items] for a table's slots, starting on a cache line (64 bytes; on a 2 MB page
+    boundary if it is that large): numpy's own start is 16 bytes past one, so that every other
+    slot of 32 bytes straddled two lines (two lines read for one lookup, the second one not
+    prefetched), and on huge pages the table costs the TLB a few entries."""
+    size = 8 * items
+    align = _HUGE_PAGE if size >= _HUGE_PAGE else 64
+    raw = (np.zeros if zeroed else np.empty)(size + align, dtype=np.uint8)
+    start = -raw.__array_interface__["data"][0] % align
+    return raw[start : start + size].view(np.int64)
 
 
 # Pre-tokens a new cache learns before it first grows: at least this many, and as many more as
@@ -142,7 +157,9 @@ def _copy(table: Table, max_entries: int, record_items: int) -> Table:
         records = np.zeros(max(record_items, len(table.records)), dtype=np.int32)
         used = int(table.fill[0])
         records[:used] = table.records[:used]
-        return table._replace(slots=table.slots.copy(), records=records, fill=table.fill.copy(),
+        slots = _aligned_slots(len(table.slots), zeroed=False)
+        slots[:] = table.slots
+        return table._replace(slots=slots, records=records, fill=table.fill.copy(),
                               max_entries=max_entries, learns=True)
     bigger = new_table(max_entries, table.max_key_len, record_items)._replace(learns=True)
     _rehash(table, bigger)

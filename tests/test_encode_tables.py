@@ -156,3 +156,19 @@ def test_a_full_table_refuses_stores_and_never_fills_up():
     slots = len(table.slots) // 4
     assert min(refused) > 0  # the table said it was full
     assert table.fill[1] <= table.max_entries + THREADS < slots  # room stays for the probes
+
+
+def test_slots_start_on_a_cache_line_and_large_tables_on_a_huge_page(gpt2):
+    # A slot is 32 bytes: at numpy's usual start (16 bytes past a line) every other slot
+    # straddled two cache lines.
+    from nbbpe.encode_tables import SharedCache
+
+    for entries in (1, 100, 10_000, 200_000):
+        slots = new_table(entries, 16, 8).slots
+        start = slots.__array_interface__["data"][0]
+        assert slots.dtype == np.int64 and slots.flags.c_contiguous and not slots.any()
+        assert start % (2 << 20 if slots.nbytes >= 2 << 20 else 64) == 0
+    vocab = gpt2._get_engine().cache.vocab
+    copy = SharedCache(vocab, 1 << 20).table  # a copy of the vocab table's slots
+    assert copy.slots.__array_interface__["data"][0] % (2 << 20) == 0
+    assert np.array_equal(copy.slots, vocab.slots) and copy.slots is not vocab.slots
