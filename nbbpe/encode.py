@@ -46,6 +46,7 @@ from numba import njit
 
 from .encode_tables import (
     CACHE_FIRST_ROOM,
+    LONG,
     MAX_SHORT,
     SPARE_IDS,
     SharedCache,
@@ -457,7 +458,8 @@ def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
     `start`) of 1 to 16 bytes: its key and hash, as `key_of` gives them, and a prefetch of its
     cache slot. The cache is several MB, so reading a slot mostly waits for memory: asked for a
     whole window at once, the reads overlap instead of each pre-token waiting for its own.
-    Other pre-tokens get tag 0 (their key is computed when met)."""
+    Other pre-tokens get tag 0; of them, those of 17 to `_HEAP_ABOVE` bytes get their key and
+    hash too, and a prefetch (the rest have theirs computed when met)."""
     size = buf.shape[0]
     for t in range(n):
         end = window[t]
@@ -471,6 +473,12 @@ def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
             keys0[t] = np.int64(k0)
             keys1[t] = np.int64(k1)
             tags[t] = length
+            hashes[t] = np.int64(h)
+            prefetch(cache.slots, 4 * home(cache, h))
+        elif MAX_SHORT < length <= _HEAP_ABOVE:  # hashed now too, so its slot is prefetched
+            k0, k1, _, h = key_of(buf, start, end)
+            keys0[t] = k0
+            keys1[t] = k1
             hashes[t] = np.int64(h)
             prefetch(cache.slots, 4 * home(cache, h))
         start = end
@@ -534,7 +542,10 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
                     elif length > _HEAP_ABOVE:
                         return w, doc, i, length
                     else:  # longer than 16 bytes, or too near the end of buf for two loads
-                        k0, k1, tag, h = key_of(buf, i, j)
+                        if length > MAX_SHORT:  # its key from `_prepare_window`
+                            k0, k1, tag, h = keys0[t], keys1[t], LONG, np.uint64(hashes[t])
+                        else:
+                            k0, k1, tag, h = key_of(buf, i, j)
                         w += _encode_one(encode_new, buf, i, j, k0, k1, tag, h, out, w, ranks,
                                          cache, pairs)
                         if is_full(cache):  # it learns no more: let it grow, then go on

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from nbbpe.encode_tables import (BUSY, MAX_SHORT, SPARE_IDS, _rehash, copy_ids, copy_short_ids,
-                                  lookup, new_table, store)
+from nbbpe.encode_tables import (BUSY, MAX_SHORT, SPARE_IDS, _rehash, _same_bytes, copy_ids,
+                                  copy_short_ids, lookup, new_table, store)
 
 THREADS = 4
 
@@ -172,3 +172,38 @@ def test_slots_start_on_a_cache_line_and_large_tables_on_a_huge_page(gpt2):
     copy = SharedCache(vocab, 1 << 20).table  # a copy of the vocab table's slots
     assert copy.slots.__array_interface__["data"][0] % (2 << 20) == 0
     assert np.array_equal(copy.slots, vocab.slots) and copy.slots is not vocab.slots
+
+
+@njit
+def _differing_key_found(table, record, buf, length, other):
+    """Whether `_same_bytes` says the long key at `record` (buf[:length]) is `other`[:n] for some
+    n or byte changed (it must not): every byte changed, and every other length."""
+    if not _same_bytes(table, record, buf, 0, length):
+        return True  # not even the key itself
+    for p in range(length):
+        other[:length] = buf[:length]
+        other[p] ^= 1 << (p % 8)
+        if _same_bytes(table, record, other, 0, length):
+            return True
+    for n in range(length - 9, length + 10):
+        if n != length and n > 16:
+            other[:] = 0
+            other[:min(n, length)] = buf[:min(n, length)]
+            if _same_bytes(table, record, other, 0, n):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("length", [17, 23, 24, 25, 40, 63, 64, 65, 256])
+def test_a_long_key_matches_its_own_bytes_only(length):
+    # Long keys are found by two 64-bit hashes, then their bytes compared, 8 at a time: the
+    # compare alone must tell them apart (a collision of the hashes would otherwise be trusted).
+    rng = np.random.default_rng(length)
+    buf = rng.integers(1, 256, length + 16, dtype=np.uint8)  # bytes after the key: not in it
+    table = new_table(8, 256, 1 << 12)._replace(learns=True)
+    s, k0, k1, tag, _ = lookup(table, buf, 0, length)
+    assert s < 0 and store(table, -1 - s, k0, k1, tag, buf, 0, length, np.arange(5, dtype=np.int32),
+                           0, 5)
+    found, *_ = lookup(table, buf, 0, length)
+    record = table.slots[4 * found + 3]
+    assert not _differing_key_found(table, record, buf, length, np.zeros(length + 16, np.uint8))
