@@ -320,6 +320,13 @@ def find(table, s, k0, k1, tag, buf, start, length):
 
 
 @njit(inline="always")
+def _key_items(length):
+    """Items of `records` a long key's bytes take: 8 bytes in two items (little-endian, the last
+    zero padded), so that a compare reads them a word at a time."""
+    return 2 * ((length + 7) >> 3)
+
+
+@njit(inline="always")
 def _same_bytes(table, r, buf, start, length):
     """Whether the long key stored in record r holds buf[start:start + length]: 8 bytes at a
     time (`_key_items`; byte by byte, this compare was 8% of a warm pass over multi_1M)."""
@@ -328,19 +335,12 @@ def _same_bytes(table, r, buf, start, length):
     if records[uindex(at)] != length:
         return False
     end = start + length
-    for k in range((length + 7) >> 3):
+    for k in range(_key_items(length) >> 1):  # a word (two items) at a time
         low = np.uint64(np.uint32(records[uindex(at + 1 + 2 * k)]))
         high = np.uint64(np.uint32(records[uindex(at + 2 + 2 * k)]))
         if low | (high << np.uint64(32)) != load_upto8(buf, start + 8 * k, end):
             return False
     return True
-
-
-@njit(inline="always")
-def _key_items(length):
-    """Items of `records` a long key's bytes take: 8 bytes in two items (little-endian, the last
-    zero padded), so that a compare reads them a word at a time."""
-    return 2 * ((length + 7) >> 3)
 
 
 @njit(inline="always")  # into the encode loop: its path for nearly every pre-token
