@@ -8,8 +8,9 @@ will need kernels that are not cached yet, it compiles them in another process
 the cache. This roughly halves the first run on two cores. Kernels both processes need (the
 helpers of the other's kernel) are compiled here first, before the other process reaches them,
 so that it loads them instead of compiling them at the same time (`merge.compile_late_callees`,
-`encode.compile_shared_first`). Nothing changes once the cache is warm, and if the other
-process fails, the kernels are simply compiled here when first used.
+`encode.compile_shared_first`); should one still reach a kernel the other is compiling, it
+waits for it and loads it (`_compile_lock`). Nothing changes once the cache is warm, and if the
+other process fails, the kernels are simply compiled here when first used.
 
 A cached kernel is used only if no module of kernels has changed since it was compiled (see
 `kernel_sources_digest`): Numba alone checks the kernel's own file.
@@ -97,6 +98,98 @@ def _key_kernels_on_package_sources() -> None:
 
 
 _key_kernels_on_package_sources()
+
+
+# --- one process compiles a kernel, the others load it ----------------------------------------
+#
+# Two processes of a first run (see `compile_elsewhere`), or pytest's and a worker's, often need
+# the same kernel (the helpers both of their kernels call). Ordering their work avoids most
+# double compiles, but not on a machine slower or faster than the order was tuned on: there,
+# both compiled `find`, `store` and the merge loop of the encode kernel, 2.3 CPU-seconds. So a
+# kernel of this package is compiled holding a lock file beside its cache entry: a process that
+# needs it meanwhile waits, then loads it from the cache (Numba looks there before compiling).
+# The call graph has no cycles, so two processes never wait on each other.
+
+_LOCK_WAIT_S = 600.0  # past this, compile anyway: a stuck process must not hang this one
+_held_locks: dict = {}  # path -> times taken in this process (a kernel's compile may nest)
+
+
+def _lock_path(dispatcher) -> str | None:
+    cache = getattr(dispatcher, "_cache", None)
+    impl = getattr(cache, "_impl", None)
+    if not isinstance(getattr(impl, "_locator", None), _PackageKeyedLocator):
+        return None  # not a cached kernel of this package
+    return os.path.join(cache.cache_path, impl.filename_base + ".nblock")
+
+
+class _compile_lock:
+    """Hold the lock file `path` (None: no lock) for this process, waiting for another
+    process's compile to end; reentrant within the process."""
+
+    def __init__(self, path: str | None):
+        self._path = path
+        self._fd = None
+
+    def __enter__(self):
+        if self._path is None:
+            return self
+        if self._path in _held_locks:
+            _held_locks[self._path] += 1
+            return self
+        try:
+            import fcntl
+            import time
+
+            os.makedirs(os.path.dirname(self._path), exist_ok=True)
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
+            give_up = time.monotonic() + _LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > give_up:
+                        break
+                    time.sleep(0.005)
+        except (ImportError, OSError):  # no flock here, or a read-only cache: compile as before
+            pass
+        _held_locks[self._path] = 1
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._path is None:
+            return
+        _held_locks[self._path] -= 1
+        if _held_locks[self._path] == 0:
+            del _held_locks[self._path]
+            if self._fd is not None:
+                os.close(self._fd)  # releases the lock
+
+
+def _compile_one_process_at_a_time() -> None:
+    try:
+        from numba.core.compiler_lock import global_compiler_lock
+        from numba.core.dispatcher import Dispatcher
+    except ImportError:
+        return
+    numba_compile = Dispatcher.compile
+    if getattr(numba_compile, "nbbpe_locks", False):
+        return
+
+    def compile(self, sig):
+        path = _lock_path(self)
+        if path is None:
+            return numba_compile(self, sig)
+        # Numba's own lock first: this process's threads compile one at a time anyway, and so
+        # `_held_locks` is only touched by one of them.
+        with global_compiler_lock, _compile_lock(path):
+            return numba_compile(self, sig)
+
+    compile.nbbpe_locks = True
+    Dispatcher.compile = compile
+
+
+_compile_one_process_at_a_time()
 
 
 def cached(dispatcher) -> bool:

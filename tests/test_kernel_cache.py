@@ -68,3 +68,45 @@ def test_each_kernel_module_keys_its_kernels_when_imported_first():
     for name in KERNEL_MODULES:
         result = subprocess.run([sys.executable, "-c", check, name], capture_output=True, text=True)
         assert result.returncode == 0, (name, result.stderr[-500:])
+
+
+HOLDER = """
+import sys, time
+import numpy as np
+from nbbpe import kernel_cache, merge
+with kernel_cache._compile_lock(kernel_cache._lock_path(merge.grow)):
+    print("locked", flush=True)
+    sys.stdin.readline()  # the other process is about to call grow
+    time.sleep(0.5)  # and is waiting (or, without the lock, compiling)
+    merge.grow(np.zeros(1, np.int16), 2)
+print("compiled", flush=True)
+"""
+USER = """
+import numpy as np
+from nbbpe import merge
+print("calling", flush=True)
+merge.grow(np.zeros(1, np.int16), 2)
+print(sum(merge.grow._cache_hits.values()), sum(merge.grow._cache_misses.values()), flush=True)
+"""
+
+
+def test_a_kernel_another_process_is_compiling_is_waited_for_and_loaded(tmp_path):
+    # Two processes of a first run needing the same kernel: the second waits on the first's
+    # compile and loads it from the cache, instead of compiling it again.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))  # empty: no kernel compiled yet
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], env=env, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == "locked"
+    user = subprocess.Popen([sys.executable, "-c", USER], env=env, text=True,
+                            stdout=subprocess.PIPE)
+    assert user.stdout.readline().strip() == "calling"
+    holder.stdin.write("go\n")
+    holder.stdin.flush()
+    assert holder.stdout.readline().strip() == "compiled"
+    hits, misses = map(int, user.stdout.readline().split())
+    assert (hits, misses) == (1, 0)  # loaded, not compiled
+    assert holder.wait(timeout=60) == 0 and user.wait(timeout=60) == 0
