@@ -170,7 +170,7 @@ def _fill_ranks(left, right, rank, id_bits, rank_bits, bits):
     return slots
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _pair_rank(ranks, a, b):
     """The rank of pair (a, b), or NO_MERGE if it does not merge."""
     if (a | b) < (1 << ranks.dense_bits):  # bytes and the first merges: one load, no hash
@@ -201,7 +201,7 @@ def _merged(ranks, rank):
 # --- merging one pre-token --------------------------------------------------------------------
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _merge_rounds(work, lo, m, pairs, ranks):
     """MERGES order on work[lo:lo + m], in place; return the new length.
 
@@ -247,7 +247,7 @@ def _merge_rounds(work, lo, m, pairs, ranks):
     return m
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _merge_leftmost(work, lo, m, pairs, ranks):
     """RANKS order on work[lo:lo + m], in place: merge the leftmost pair of lowest rank, one at
     a time; return the new length. A pre-token of more than `_HEAP_FROM` bytes merges on a heap
@@ -277,7 +277,7 @@ def _merge_leftmost(work, lo, m, pairs, ranks):
     return m
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _heap_push(heap, size, key):
     """Add `key` to the min-heap heap[:size] (which has room for one more)."""
     i = size
@@ -290,7 +290,7 @@ def _heap_push(heap, size, key):
     heap[i] = key
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _heap_pop(heap, size):
     """Remove the smallest of heap[:size]; the heap then has size - 1 items."""
     size -= 1
