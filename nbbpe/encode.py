@@ -8,7 +8,8 @@ and writes the ids straight into a preallocated output; then the special token's
 each document an optional separator id. Nothing per pre-token leaves the compiled code.
 `encode_pieces` does the same for pre-tokens found by `regex` (any pattern).
 
-Data, all flat arrays in NamedTuples (Numba passes them as structs):
+Data, all flat arrays in NamedTuples (a call from Python hands them over packed as addresses,
+`pack_encode_args`; the kernel sees the NamedTuples):
 
 - `Ranks`: the merges as an open-addressing hash table of one int64 per slot, the pair of token
   ids (left << id_bits | right) above the pair's rank, and for the pairs of small ids a dense
@@ -50,6 +51,7 @@ from .encode_tables import (
     MAX_SHORT,
     SPARE_IDS,
     SharedCache,
+    TABLE_ITEMS,
     Table,
     copy_ids,
     copy_short_ids,
@@ -62,14 +64,16 @@ from .encode_tables import (
     prefetch,
     short_hash,
     store,
+    table_at,
     with_room,
 )
+from .kernel_args import PackedArrays, array_at, readonly_array_at
 from .kernel_cache import entry_point
 from .scanners.classes import load8, uindex
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
 from .scanners.o200k import o200k_block_boundaries, o200k_pretoken_end
-from .scanners.specials import Specials, next_special
+from .scanners.specials import SPECIALS_ITEMS, Specials, next_special, specials_at
 from .scanners.spans import WINDOW, scan_window
 
 MERGES, RANKS = 0, 1  # merge orders
@@ -101,6 +105,18 @@ class Ranks(NamedTuple):
     dense: np.ndarray  # int32: the rank (-1: none) of (a, b) at a << dense_bits | b ...
     dense_bits: int  # ... for the pairs of ids below 2**dense_bits
     merged_offset: int  # merged[r] == r + merged_offset for every rank r (no load), or -1
+
+
+RANKS_ITEMS = 14  # values of a `Ranks` in `kernel_args.PackedArrays`
+
+
+@njit(inline="always")
+def ranks_at(values, k):
+    """The `Ranks` packed at values[k:k + RANKS_ITEMS] (`kernel_args.PackedArrays`)."""
+    return Ranks(array_at(values, k, np.int64), values[k + 2], values[k + 3], values[k + 4],
+                 array_at(values, k + 5, np.int32), array_at(values, k + 7, np.int32),
+                 values[k + 9], array_at(values, k + 10, np.int32), values[k + 12],
+                 values[k + 13])
 
 
 def new_scratch() -> np.ndarray:
@@ -487,11 +503,42 @@ def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
 # --- the one pass ------------------------------------------------------------------------------
 
 
+def pack_encode_args(buf, table, doc_ends, doc_out_ends, scratch, out, specials: Specials,
+                     ranks: Ranks, cache: Table) -> PackedArrays:
+    """The arrays and tables an encode kernel reads, packed as `encode_args` unpacks them: `buf`
+    (UTF-8) uint8, the family's class table (of the kernel's `table_dtype`), `doc_ends`,
+    `doc_out_ends` and `scratch` int64, `out` int32."""
+    dtypes = (buf.dtype, doc_ends.dtype, doc_out_ends.dtype, scratch.dtype, out.dtype)
+    if dtypes != _ENCODE_ARG_TYPES:
+        raise TypeError(f"encode kernel arguments of dtypes {dtypes}, not {_ENCODE_ARG_TYPES}")
+    return PackedArrays(buf, table, doc_ends, doc_out_ends, scratch, out, specials, ranks, cache)
+
+
+_ENCODE_ARG_TYPES = tuple(np.dtype(t) for t in (np.uint8, np.int64, np.int64, np.int64, np.int32))
+
+
+@njit(inline="always")
+def encode_args(values, table_dtype):
+    """The arguments `pack_encode_args` packed: buf, table, doc_ends, doc_out_ends, scratch, out,
+    specials, ranks, cache (the text and the class table typed read-only, as they are)."""
+    specials = specials_at(values, 12)
+    ranks = ranks_at(values, 12 + SPECIALS_ITEMS)
+    cache = table_at(values, 12 + SPECIALS_ITEMS + RANKS_ITEMS)
+    return (readonly_array_at(values, 0, np.uint8), readonly_array_at(values, 2, table_dtype),
+            array_at(values, 4, np.int64), array_at(values, 6, np.int64),
+            array_at(values, 8, np.int64), array_at(values, 10, np.int32), specials, ranks, cache)
+
+
+ENCODE_ARG_ITEMS = 12 + SPECIALS_ITEMS + RANKS_ITEMS + TABLE_ITEMS
+
+
 @njit(inline="always")  # into each family's kernel, as `spans.scan_window`
-def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, separator,
-                     specials, ranks, cache, scratch, out, doc_out_ends, out_base, doc, i):
+def encode_documents(scanner, block_scanner, table_dtype, encode_new, args, separator, out_base,
+                     doc, i):
     """Encode documents doc, doc + 1, ... of `buf` (document d ends at doc_ends[d]; the first
-    starts at byte i) into `out`; return (ids written, next document, next byte, need).
+    starts at byte i) into `out`; return (ids written, next document, next byte, need). `args`:
+    buf, doc_ends and the rest, packed by `pack_encode_args` (one array for Python to hand over,
+    not 15: see `kernel_args`).
 
     Each document is a text of its own; special tokens are cut out of it (longest first) and
     become their ids; after each document comes `separator` unless it is negative. Stops early,
@@ -500,7 +547,10 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
     again after it), or when the cache is full (`need` -1: `SharedCache.make_room`, then call
     again); else `need` is 0.
     `doc_out_ends[d]` receives out_base + the number of ids written up to the end of document d.
+    `table_dtype`: that of the family's class table.
     """
+    buf, table, doc_ends, doc_out_ends, scratch, out, specials, ranks, cache = encode_args(
+        args, table_dtype)
     cap = out.shape[0] - SPARE_IDS  # see `copy_short_ids`
     window = scratch[:WINDOW]
     keys0 = scratch[WINDOW : 2 * WINDOW]
@@ -568,57 +618,45 @@ def encode_documents(scanner, block_scanner, encode_new, buf, table, doc_ends, s
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_gpt2_merges(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
-                       out, doc_out_ends, out_base, doc, i):
+def encode_gpt2_merges(args, separator, out_base, doc, i):
     """`encode_documents` with GPT-2's scanner, in MERGES order."""
-    return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, _encode_new_merges, buf,
-                            table, doc_ends, separator, specials, ranks, cache, scratch,
-                            out, doc_out_ends, out_base, doc, i)
+    return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, np.uint8,
+                            _encode_new_merges, args, separator, out_base, doc, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_gpt2_ranks(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
-                      out, doc_out_ends, out_base, doc, i):
+def encode_gpt2_ranks(args, separator, out_base, doc, i):
     """`encode_documents` with GPT-2's scanner, in RANKS order."""
-    return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, _encode_new_ranks, buf,
-                            table, doc_ends, separator, specials, ranks, cache, scratch,
-                            out, doc_out_ends, out_base, doc, i)
+    return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, np.uint8,
+                            _encode_new_ranks, args, separator, out_base, doc, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_cl100k_merges(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
-                         out, doc_out_ends, out_base, doc, i):
+def encode_cl100k_merges(args, separator, out_base, doc, i):
     """`encode_documents` with cl100k's scanner, in MERGES order."""
-    return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, _encode_new_merges, buf,
-                            table, doc_ends, separator, specials, ranks, cache, scratch, out,
-                            doc_out_ends, out_base, doc, i)
+    return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, np.uint8,
+                            _encode_new_merges, args, separator, out_base, doc, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_cl100k_ranks(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
-                        out, doc_out_ends, out_base, doc, i):
+def encode_cl100k_ranks(args, separator, out_base, doc, i):
     """`encode_documents` with cl100k's scanner, in RANKS order."""
-    return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, _encode_new_ranks, buf,
-                            table, doc_ends, separator, specials, ranks, cache, scratch, out,
-                            doc_out_ends, out_base, doc, i)
+    return encode_documents(cl100k_pretoken_end, cl100k_block_boundaries, np.uint8,
+                            _encode_new_ranks, args, separator, out_base, doc, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_o200k_merges(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
-                        out, doc_out_ends, out_base, doc, i):
+def encode_o200k_merges(args, separator, out_base, doc, i):
     """`encode_documents` with o200k's scanner, in MERGES order."""
-    return encode_documents(o200k_pretoken_end, o200k_block_boundaries, _encode_new_merges, buf,
-                            table, doc_ends, separator, specials, ranks, cache, scratch, out,
-                            doc_out_ends, out_base, doc, i)
+    return encode_documents(o200k_pretoken_end, o200k_block_boundaries, np.uint16,
+                            _encode_new_merges, args, separator, out_base, doc, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def encode_o200k_ranks(buf, table, doc_ends, separator, specials, ranks, cache, scratch,
-                       out, doc_out_ends, out_base, doc, i):
+def encode_o200k_ranks(args, separator, out_base, doc, i):
     """`encode_documents` with o200k's scanner, in RANKS order."""
-    return encode_documents(o200k_pretoken_end, o200k_block_boundaries, _encode_new_ranks, buf,
-                            table, doc_ends, separator, specials, ranks, cache, scratch, out,
-                            doc_out_ends, out_base, doc, i)
+    return encode_documents(o200k_pretoken_end, o200k_block_boundaries, np.uint16,
+                            _encode_new_ranks, args, separator, out_base, doc, i)
 
 
 # scanner family -> its `encode_documents` kernels, in MERGES and RANKS order
@@ -630,8 +668,8 @@ ENCODERS = {
 
 
 def warm_up(family: str, mode: int) -> None:
-    """Compile (or load) a family's encode kernel in one merge order, on a tiny input of the
-    argument types real calls use (see `kernel_cache`)."""
+    """Compile (or load) a family's encode kernel in one merge order, on a tiny input (see
+    `kernel_cache`)."""
     from .scanners.specials import make_specials
 
     # Tables of the right types, built without a kernel: the process that asked for this one
@@ -641,9 +679,10 @@ def warm_up(family: str, mode: int) -> None:
     table, kernel = encoder_for(family, mode)
     buf = np.frombuffer(b"ab ab<|x|>", dtype=np.uint8)
     out = np.empty(len(buf) + 2, dtype=np.int32)
-    kernel(buf, table, np.array([len(buf)], dtype=np.int64), -1, make_specials([("<|x|>", 257)]),
-           ranks, SharedCache(vocab, 16).table, new_scratch(), out,
-           np.empty(1, dtype=np.int64), 0, 0, 0)
+    args = pack_encode_args(buf, table, np.array([len(buf)], dtype=np.int64),
+                            np.empty(1, dtype=np.int64), new_scratch(), out,
+                            make_specials([("<|x|>", 257)]), ranks, SharedCache(vocab, 16).table)
+    kernel(args.values, -1, 0, 0, 0)
 
 
 def compile_shared_first(mode: int) -> None:
@@ -841,8 +880,8 @@ def build_split_ranks(token_bytes, token_offsets, token_ids, byte_ids, n_vocab: 
 
 class ThreadState:
     """What one thread's encoding writes to: the tokenizer's shared cache, this thread's scratch
-    space and output buffer; and the arguments of the short path's kernel call, ready but for
-    the text (`DocumentEncoder.encode_text`)."""
+    space and output buffer; and the short path's packed kernel arguments, ready but for the
+    text (`DocumentEncoder.encode_text`)."""
 
     def __init__(self, cache: SharedCache):
         self.cache = cache
@@ -851,9 +890,10 @@ class ThreadState:
         self.doc_end = np.empty(1, dtype=np.int64)  # for one text at a time
         self.doc_out_end = np.empty(1, dtype=np.int64)
         self.text_call = None  # the short path: its kernel entry point, arguments, room
-        self.text_args: list = []
+        self.text_args: PackedArrays | None = None
+        self.text_cache: Table | None = None  # the cache table packed in `text_args`
         self.text_room = 0
-        self.text_buffer = self.text_input = None  # its text: read-only array, writable view
+        self.text_buffer = self.text_input = None  # its text (in `text_args`), a view of it
 
     def output(self, items: int) -> np.ndarray:
         """The output buffer, with room for `items` ids (at most `_OUT_ITEMS`: the kernels
@@ -903,59 +943,56 @@ def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> 
 class DocumentEncoder:
     """A family's encode kernel bound to one tokenizer's tables, called from Python.
 
-    The kernel is called at its compiled entry point (`kernel_cache.entry_point`), found on the
-    first call of each combination of argument types; the arrays passed to `encode` must
-    therefore be C-contiguous and aligned (uint8 data, int64 document ends), and only their
-    writability may differ between calls (it is part of the key)."""
+    The kernel is called at its compiled entry point (`kernel_cache.entry_point`), found on its
+    first call: its arguments, the packed arrays (`pack_encode_args`) and four ints, are always
+    of the same types."""
 
     def __init__(self, kernel, class_table, specials: Specials, ranks: Ranks, vocab: Table):
         self.kernel = kernel
         self.tables = (class_table, specials, ranks, vocab)
-        self._entries: dict = {}
+        self._entry = None
 
     def encode_text(self, data: bytes, state: ThreadState, dtype) -> np.ndarray:
         """The ids (as `dtype`) of one document, UTF-8 `data` (valid): the short path, for
-        texts encoded one at a time. Its kernel call is made with arguments kept ready in
-        `state` (the text is copied into a buffer among them), so the Python around it costs
-        about 1 µs besides the copy of the ids: it is most of what a short text costs."""
+        texts encoded one at a time. Its kernel call is made with arguments packed in `state`
+        (the text is copied into a buffer among them), so the Python around it costs well under
+        1 µs besides the copy of the ids: it is most of what a short text costs."""
         call = state.text_call
         if call is not None and len(data) < state.text_room:
-            args = state.text_args
-            state.text_input[: len(data)] = data  # a copy into args[0]: 0.15 µs, a view 0.4
-            args[2][0] = len(data)
-            result = call(*args)
+            state.text_input[: len(data)] = data  # a copy into the packed buffer: 0.15 µs
+            state.doc_end[0] = len(data)
+            result = call(state.text_args.values, -1, 0, 0, 0)
             if result[1] == 1:  # the document is done
-                return args[8][: result[0]].astype(dtype)
-            buf = args[0][: len(data)]  # (`_run` sizes its output by the text)
-            result = (result, args[6])
+                return state.out[: result[0]].astype(dtype)
+            buf = state.text_buffer[: len(data)]  # (`_run` sizes its output by the text)
+            result = (result, state.text_cache)
         else:
             buf = _frombuffer(data, _UINT8)
             state.doc_end[0] = len(data)
             result = None
-        ids = self._run(buf, state.doc_end, -1, state, state.doc_out_end, dtype, "text", result)
+        ids = self._run(buf, state.doc_end, -1, state, state.doc_out_end, dtype, result)
         # Ready the next call's arguments (the cache and the output buffer may be new).
         table, specials, ranks, _ = self.tables
         out = state.output(max(len(data), _TEXT_ROOM) + 1)
         if state.text_room != len(out) - SPARE_IDS:  # a text buffer as large as the output
-            text = np.empty(len(out), dtype=np.uint8)
-            state.text_input = memoryview(text)
-            state.text_buffer = text.view()
-            state.text_buffer.setflags(write=False)  # the type of a view of bytes: one compile
+            state.text_buffer = np.empty(len(out), dtype=np.uint8)
+            state.text_input = memoryview(state.text_buffer)
             state.text_room = len(out) - SPARE_IDS  # the ids of a shorter text fit
-        state.text_args = [state.text_buffer, table, state.doc_end, -1, specials, ranks,
-                           state.cache.table, state.scratch, out, state.doc_out_end, 0, 0, 0]
-        state.text_call = self._entries.get(("text", state.cache.table.learns))
+        state.text_cache = state.cache.table
+        state.text_args = pack_encode_args(state.text_buffer, table, state.doc_end,
+                                           state.doc_out_end, state.scratch, out, specials, ranks,
+                                           state.text_cache)
+        state.text_call = self._entry
         return ids
 
     def encode(self, buf, doc_ends, separator: int, state: ThreadState, doc_out_ends,
                dtype) -> np.ndarray:
         """All ids (as `dtype`) of the documents of `buf` (UTF-8, validated), document d ending
         at doc_ends[d], each followed by `separator` unless it is negative; `doc_out_ends`
-        receives where each document's ids end."""
-        key = (buf.flags.writeable, doc_ends.flags.writeable, doc_out_ends.flags.writeable)
-        return self._run(buf, doc_ends, separator, state, doc_out_ends, dtype, key)
+        receives where each document's ids end. The arrays must be C-contiguous."""
+        return self._run(buf, doc_ends, separator, state, doc_out_ends, dtype)
 
-    def _run(self, buf, doc_ends, separator, state, doc_out_ends, dtype, key, result=None):
+    def _run(self, buf, doc_ends, separator, state, doc_out_ends, dtype, result=None):
         """Call the kernel until every document is done, merging the long pre-tokens it stops
         at and letting the cache grow when it asks; `result`: what a first call returned, and
         the cache table it had."""
@@ -969,15 +1006,13 @@ class DocumentEncoder:
         while True:
             if result is None:
                 cache = state.cache.table
-                key_now = (key, cache.learns)
-                call = self._entries.get(key_now)
-                args = (buf, table, doc_ends, separator, specials, ranks, cache, state.scratch,
-                        out, doc_out_ends, total, doc, i)
-                if call is None:  # the first call for these types: through the dispatcher
-                    result = self.kernel(*args)
-                    self._entries[key_now] = entry_point(self.kernel, args)
+                args = pack_encode_args(buf, table, doc_ends, doc_out_ends, state.scratch, out,
+                                        specials, ranks, cache)
+                if self._entry is None:  # the first call: through the dispatcher
+                    result = self.kernel(args.values, separator, total, doc, i)
+                    self._entry = entry_point(self.kernel, (args.values, separator, total, doc, i))
                 else:
-                    result = call(*args)
+                    result = self._entry(args.values, separator, total, doc, i)
             else:
                 result, cache = result
             w, doc, i, need = result

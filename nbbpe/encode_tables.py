@@ -44,6 +44,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
+from .kernel_args import array_at
 from .scanners.classes import item_pointer, load_upto8, uindex
 
 MAX_SHORT = 16  # pre-tokens up to this many bytes are their own key
@@ -67,6 +68,17 @@ class Table(NamedTuple):
     max_entries: int  # so probes stay short: at most 3/4 of the slots
     max_key_len: int  # longer pre-tokens are never stored
     learns: bool  # a cache; the vocab table is never written after it is built
+
+
+TABLE_ITEMS = 10  # values of a `Table` in `kernel_args.PackedArrays`
+
+
+@njit(inline="always")
+def table_at(values, k):
+    """The `Table` packed at values[k:k + TABLE_ITEMS] (`kernel_args.PackedArrays`)."""
+    return Table(array_at(values, k, np.int64), array_at(values, k + 2, np.int32),
+                 array_at(values, k + 4, np.int64), values[k + 6], values[k + 7], values[k + 8],
+                 values[k + 9] != 0)
 
 
 def new_table(max_entries: int, max_key_len: int, record_items: int) -> Table:

@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbbpe import CL100K_PATTERN, GPT2_PATTERN, Tokenizer, train_bpe
+from nbbpe.encode import RANKS_ITEMS
+from nbbpe.scanners.specials import SPECIALS_ITEMS
 from reference_encode import ReferenceEncoder, read_gpt2_vocab
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -366,6 +368,14 @@ def test_a_tiny_cache_is_emptied_and_gives_the_same_ids(gpt2, gpt2_files):
     assert uncached.encode(text) == expected
 
 
+OUT_AT = 10  # where `encode.pack_encode_args` packs the output buffer, and the cache's table
+CACHE_AT = 12 + SPECIALS_ITEMS + RANKS_ITEMS
+
+
+def address(array):
+    return array.__array_interface__["data"][0]
+
+
 def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files):
     # encode_to_numpy keeps its kernel call's arguments ready between calls; a cache that grows
     # or starts again, a text longer than the output buffer, and batches on the same thread
@@ -384,8 +394,11 @@ def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files
                 uncached.encode(t) for t in texts[k:k + 3]]
         state = tokenizer._thread_state()
         if state.text_call is not None:  # what it holds is the thread's own
-            assert state.text_args[6] is state.cache.table and state.text_args[8] is state.out
-        buffers.add(id(state.text_args[8]))
+            packed = state.text_args.values
+            assert state.text_cache is state.cache.table
+            assert packed[CACHE_AT] == address(state.cache.table.slots)
+            assert packed[OUT_AT] == address(state.out)
+        buffers.add(address(state.out))
     assert state.cache.table.fill[2] > 0  # the cache started again
     assert len(buffers) > 1  # and the buffer was replaced
 

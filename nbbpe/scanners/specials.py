@@ -13,6 +13,7 @@ from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 from .. import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
+from ..kernel_args import array_at
 from .classes import byte_mask, load8
 
 
@@ -25,6 +26,17 @@ class Specials(NamedTuple):
     ids: np.ndarray  # int32
     first_bytes: np.ndarray  # bool[256]
     first_byte: int  # the byte every one of them starts with (e.g. "<"), or -1
+
+
+SPECIALS_ITEMS = 9  # values of a `Specials` in `kernel_args.PackedArrays`
+
+
+@njit(inline="always")
+def specials_at(values, k):
+    """The `Specials` packed at values[k:k + SPECIALS_ITEMS] (`kernel_args.PackedArrays`)."""
+    return Specials(array_at(values, k, np.uint8), array_at(values, k + 2, np.int64),
+                    array_at(values, k + 4, np.int32), array_at(values, k + 6, np.bool_),
+                    values[k + 8])
 
 
 def make_specials(tokens_and_ids) -> Specials:

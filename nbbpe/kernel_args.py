@@ -1,0 +1,86 @@
+"""Many arrays passed to a compiled kernel as one: an int64 array of their addresses and lengths.
+
+A call from Python into a Numba kernel unboxes each array argument (a type check and a MemInfo
+allocated for it: ~50 ns each), and every array inside a NamedTuple argument too. The encode
+kernels take 15 arrays (the text, the tables, the scratch space, the output), so the Python
+side of encoding one short text spent more time handing its arguments over (~0.9 µs) than the
+kernel spent encoding it. Packed (`PackedArrays`), they are one array to unbox; the kernel
+rebuilds each as a view of the same memory (`array_at`, `readonly_array_at`), with the type it
+would have had as an argument, so that every function it calls has the same signature as
+before (and is compiled once).
+
+The packed values are plain addresses: the `PackedArrays` object holds a reference to every
+array packed, and must outlive each call given its `values`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
+
+from . import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
+
+
+class PackedArrays:
+    """`values`: for each item of `items` in order, an array as (address, length), a NamedTuple
+    as its fields in order (arrays as above), an int or bool as itself. Arrays must be
+    one-dimensional and C-contiguous."""
+
+    __slots__ = ("values", "_arrays")
+
+    def __init__(self, *items):
+        values: list[int] = []
+        arrays: list[np.ndarray] = []
+        for item in items:
+            for value in (item if isinstance(item, tuple) else (item,)):
+                if isinstance(value, np.ndarray):
+                    if value.ndim != 1 or not value.flags.c_contiguous:
+                        raise ValueError("only 1-d C-contiguous arrays can be packed")
+                    values += (value.__array_interface__["data"][0], len(value))
+                    arrays.append(value)
+                else:
+                    values.append(int(value))
+        self.values = np.array(values, dtype=np.int64)
+        self._arrays = arrays  # alive as long as the addresses are used
+
+
+def _array_type(dtype, readonly: bool) -> types.Array:
+    return types.Array(dtype.dtype, 1, "C", readonly=readonly)
+
+
+def _array_codegen(array_type):
+    def codegen(context, builder, signature, args):
+        address, length, _ = args
+        array = context.make_array(array_type)(context, builder)
+        item_type = context.get_data_type(array_type.dtype)
+        itemsize = context.get_constant(types.intp, context.get_abi_sizeof(item_type))
+        populate_array(array, data=builder.inttoptr(address, item_type.as_pointer()),
+                       shape=[length], strides=[itemsize], itemsize=itemsize, meminfo=None)
+        return array._getvalue()
+    return codegen
+
+
+@intrinsic
+def _array_at(typingctx, address, length, dtype):
+    array_type = _array_type(dtype, readonly=False)
+    return array_type(types.int64, types.int64, dtype), _array_codegen(array_type)
+
+
+@intrinsic
+def _readonly_array_at(typingctx, address, length, dtype):
+    array_type = _array_type(dtype, readonly=True)
+    return array_type(types.int64, types.int64, dtype), _array_codegen(array_type)
+
+
+@njit(inline="always")
+def array_at(values, k, dtype):
+    """The array packed at values[k:k + 2], as a 1-d C array of `dtype` (a NumPy scalar type)."""
+    return _array_at(values[k], values[k + 1], dtype)
+
+
+@njit(inline="always")
+def readonly_array_at(values, k, dtype):
+    """`array_at`, typed read-only (as a view of `bytes` is)."""
+    return _readonly_array_at(values[k], values[k + 1], dtype)

@@ -1,0 +1,109 @@
+"""Arrays handed to a kernel packed as addresses (`kernel_args`) are the same arrays inside."""
+
+import numpy as np
+import pytest
+from numba import njit, typeof
+
+from nbbpe.encode import (
+    ENCODE_ARG_ITEMS,
+    RANKS,
+    _no_merges,
+    encode_args,
+    new_scratch,
+    pack_encode_args,
+)
+from nbbpe.encode_tables import SharedCache, new_table
+from nbbpe.kernel_args import PackedArrays, array_at, readonly_array_at
+from nbbpe.scanners.specials import make_specials
+
+
+@njit
+def _s(a):
+    return len(a), np.int64(a.astype(np.int64).sum()), np.int64(a[0])
+
+
+@njit
+def _unpacked_encode_args(values):
+    # What the kernel sees of each packed item, as numbers Python can compare: for each array
+    # its length, sum and first item; the tables' ints.
+    unpacked = encode_args(values, np.uint8)
+    buf, table, doc_ends, doc_out_ends, scratch, out, specials, ranks, cache = unpacked
+    doc_out_ends[0] = 77  # written through to the caller's array
+    out[-1] = -5
+    summary = (_s(buf), _s(table), _s(doc_ends), _s(scratch), _s(specials.data),
+               _s(specials.offsets), _s(ranks.slots), _s(cache.slots), _s(cache.fill), _s(out),
+               _s(specials.ids), _s(ranks.merged), _s(ranks.byte_ids), _s(ranks.dense),
+               _s(cache.records),
+               (len(specials.first_bytes), np.int64(specials.first_bytes.sum()),
+                np.int64(specials.first_byte)))
+    ints = (ranks.shift, ranks.id_bits, ranks.rank_bits, ranks.mode, ranks.dense_bits,
+            ranks.merged_offset, cache.shift, cache.max_entries, cache.max_key_len,
+            np.int64(cache.learns))
+    return summary, ints
+
+
+def _summary(a):
+    return (len(a), int(a.astype(np.int64).sum()), int(a[0]))
+
+
+def test_every_array_and_int_of_the_encode_kernels_arrives_whole():
+    rng = np.random.default_rng(7)
+    buf = np.frombuffer(b"some text <|x|> more", dtype=np.uint8)
+    table = np.frombuffer(bytes(range(256)), dtype=np.uint8)
+    doc_ends = np.array([5, len(buf)], dtype=np.int64)
+    doc_out_ends = np.zeros(2, dtype=np.int64)
+    scratch = rng.integers(-99, 99, size=new_scratch().size)
+    out = rng.integers(0, 50000, size=300).astype(np.int32)
+    specials = make_specials([("<|x|>", 257), ("<|longer|>", 258)])
+    ranks = _no_merges(np.arange(256, dtype=np.int32)[::-1].copy(), RANKS)
+    ranks = ranks._replace(slots=rng.integers(-9, 9, size=len(ranks.slots)), shift=51,
+                           id_bits=17, rank_bits=19, dense_bits=3, merged_offset=-1)
+    cache = SharedCache(new_table(40, 256, 64), 100).table
+    cache.fill[:] = (3, 4, 5)
+    packed = pack_encode_args(buf, table, doc_ends, doc_out_ends, scratch, out, specials, ranks,
+                              cache)
+    assert len(packed.values) == ENCODE_ARG_ITEMS
+
+    summary, ints = _unpacked_encode_args(packed.values)
+
+    expected = [_summary(a) for a in (buf, table, doc_ends, scratch, specials.data,
+                                      specials.offsets, ranks.slots, cache.slots, cache.fill)]
+    out_after = out.copy()
+    out_after[-1] = -5
+    expected += [_summary(a) for a in (out_after, specials.ids, ranks.merged, ranks.byte_ids,
+                                       ranks.dense, cache.records)]
+    expected.append((256, int(specials.first_bytes.sum()), specials.first_byte))
+    assert [tuple(map(int, s)) for s in summary] == expected
+    assert tuple(map(int, ints)) == (51, 17, 19, RANKS, 3, -1, cache.shift, cache.max_entries,
+                                     cache.max_key_len, 1)
+    assert doc_out_ends[0] == 77 and out[-1] == -5  # the caller's arrays, not copies
+
+
+def test_the_text_and_class_table_are_typed_read_only_as_views_of_bytes():
+    # So the kernels they are handed on to have the signature they had as arguments.
+    packed = PackedArrays(np.zeros(4, dtype=np.uint8), np.zeros(4, dtype=np.uint8))
+
+    @njit
+    def types_of(values):
+        return readonly_array_at(values, 0, np.uint8), array_at(values, 2, np.uint8)
+
+    types_of(packed.values)
+    signature = types_of.nopython_signatures[0]
+    assert signature.return_type[0] == typeof(np.frombuffer(b"ab", dtype=np.uint8))
+    assert signature.return_type[1] == typeof(np.zeros(2, dtype=np.uint8))
+
+
+def test_wrong_arrays_are_refused_before_any_kernel_sees_them():
+    specials = make_specials([])
+    ranks = _no_merges(np.arange(256, dtype=np.int32), RANKS)
+    cache = SharedCache(new_table(4, 256, 64), 10).table
+    good = dict(buf=np.zeros(4, np.uint8), table=np.zeros(256, np.uint8),
+                doc_ends=np.zeros(1, np.int64), doc_out_ends=np.zeros(1, np.int64),
+                scratch=new_scratch(), out=np.zeros(8, np.int32))
+    pack_encode_args(**good, specials=specials, ranks=ranks, cache=cache)
+    with pytest.raises(TypeError, match="dtypes"):
+        pack_encode_args(**{**good, "out": np.zeros(8, np.int64)}, specials=specials,
+                         ranks=ranks, cache=cache)
+    with pytest.raises(ValueError, match="contiguous"):
+        pack_encode_args(**{**good, "buf": np.zeros(8, np.uint8)[::2]}, specials=specials,
+                         ranks=ranks, cache=cache)
