@@ -279,3 +279,18 @@ def test_encode_breakdown_splits_a_cold_pass(tmp_path, capsys):
         assert row["learned"] > 100 and row["pretokens"] > 5_000
         assert all(r["cold_s"] > r["warm_s"] > r["scan_s"] > 0 for r in row["rounds"])
         assert row["us_per_merged"]["median"] > 0
+
+
+def test_bench_short_texts_times_each_call_and_checks_the_ids(tmp_path, capsys):
+    out = tmp_path / "short.json"
+    assert load_script("bench_short_texts").main([
+        "--tools", "nbbpe", "--repeat", "2", "--calls", "50",
+        "--story-file", str(FIXTURES / "corpus.en"), "--json", str(out)]) == 0
+    assert "nbbpe" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    rows = {row["tool"]: row for row in result["rows"]}
+    assert set(rows) == {"nbbpe", "tiktoken"} and all(row["exact"] for row in rows.values())
+    assert len(result["runs"]["nbbpe"]) == 2
+    labels = ["3 B", "9 B", "843 B"]
+    assert all(0 < rows["nbbpe"][label]["median"] < 1e4 for label in labels)
+    assert result["runs"]["nbbpe"][0]["ids"]["9 B"] == [15496, 345]  # "Hello you"
