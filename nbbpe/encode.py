@@ -953,8 +953,8 @@ class DocumentEncoder:
         self._entry = None
 
     def encode_text(self, data: bytes, state: ThreadState, dtype) -> np.ndarray:
-        """The ids (as `dtype`) of one document, UTF-8 `data` (valid): the short path, for
-        texts encoded one at a time. Its kernel call is made with arguments packed in `state`
+        """The ids (as `dtype`, or a list if it is None) of one document, UTF-8 `data` (valid):
+        the short path, for texts encoded one at a time. Its kernel call is made with arguments packed in `state`
         (the text is copied into a buffer among them), so the Python around it costs well under
         1 µs besides the copy of the ids: it is most of what a short text costs."""
         call = state.text_call
@@ -963,14 +963,16 @@ class DocumentEncoder:
             state.doc_end[0] = len(data)
             result = call(state.text_args.values, -1, 0, 0, 0)
             if result[1] == 1:  # the document is done
-                return state.out[: result[0]].astype(dtype)
+                ids = state.out[: result[0]]
+                return ids.tolist() if dtype is None else ids.astype(dtype)
             buf = state.text_buffer[: len(data)]  # (`_run` sizes its output by the text)
             result = (result, state.text_cache)
         else:
             buf = _frombuffer(data, _UINT8)
             state.doc_end[0] = len(data)
             result = None
-        ids = self._run(buf, state.doc_end, -1, state, state.doc_out_end, dtype, result)
+        ids = self._run(buf, state.doc_end, -1, state, state.doc_out_end, dtype or np.int32,
+                        result)
         # Ready the next call's arguments (the cache and the output buffer may be new).
         table, specials, ranks, _ = self.tables
         out = state.output(max(len(data), _TEXT_ROOM) + 1)
@@ -983,7 +985,7 @@ class DocumentEncoder:
                                            state.doc_out_end, state.scratch, out, specials, ranks,
                                            state.text_cache)
         state.text_call = self._entry
-        return ids
+        return ids.tolist() if dtype is None else ids
 
     def encode(self, buf, doc_ends, separator: int, state: ThreadState, doc_out_ends,
                dtype) -> np.ndarray:

@@ -744,3 +744,16 @@ def test_a_vocab_with_gaps_in_its_ids(gpt2_files):
     ids = Tokenizer(vocab, merges, [EOT]).encode(text)
     assert tok.encode(text) == [i if i <= 300 else i + 1000 for i in ids]
     assert tok.decode(tok.encode(text)) == text
+
+
+def test_encode_gives_a_list_of_python_ints_on_the_short_path_and_the_long(gpt2_files,
+                                                                           tiktoken_gpt2):
+    # `encode` turns the kernel's ids into a list itself (no array of the tokenizer's dtype in
+    # between): a short text, a text longer than the short path's buffer, and a text with a
+    # pre-token too long for the one pass.
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    long_text = read("corpus.en") * 4  # more ids than the short path's first buffer holds
+    for text in ("Hello you", long_text, "x" * 5000 + " end", "Hello again"):
+        ids = tokenizer.encode(text)
+        assert type(ids) is list and all(type(i) is int for i in ids[:50])
+        assert ids == tiktoken_gpt2.encode_ordinary(text)
