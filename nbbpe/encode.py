@@ -521,15 +521,19 @@ _ENCODE_ARG_TYPES = tuple(np.dtype(t) for t in (np.uint8, np.int64, np.int64, np
 def encode_args(values, table_dtype):
     """The arguments `pack_encode_args` packed: buf, table, doc_ends, doc_out_ends, scratch, out,
     specials, ranks, cache (the text and the class table typed read-only, as they are)."""
-    specials = specials_at(values, 12)
-    ranks = ranks_at(values, 12 + SPECIALS_ITEMS)
-    cache = table_at(values, 12 + SPECIALS_ITEMS + RANKS_ITEMS)
     return (readonly_array_at(values, 0, np.uint8), readonly_array_at(values, 2, table_dtype),
             array_at(values, 4, np.int64), array_at(values, 6, np.int64),
-            array_at(values, 8, np.int64), array_at(values, 10, np.int32), specials, ranks, cache)
+            array_at(values, 8, np.int64), array_at(values, OUT_AT, np.int32),
+            specials_at(values, SPECIALS_AT), ranks_at(values, RANKS_AT),
+            table_at(values, CACHE_AT))
 
 
-ENCODE_ARG_ITEMS = 12 + SPECIALS_ITEMS + RANKS_ITEMS + TABLE_ITEMS
+# Where `pack_encode_args` puts the output buffer and the tables (each array takes 2 values).
+OUT_AT = 10
+SPECIALS_AT = 12
+RANKS_AT = SPECIALS_AT + SPECIALS_ITEMS
+CACHE_AT = RANKS_AT + RANKS_ITEMS
+ENCODE_ARG_ITEMS = CACHE_AT + TABLE_ITEMS
 
 
 @njit(inline="always")  # into each family's kernel, as `spans.scan_window`
@@ -954,9 +958,10 @@ class DocumentEncoder:
 
     def encode_text(self, data: bytes, state: ThreadState, dtype) -> np.ndarray:
         """The ids (as `dtype`, or a list if it is None) of one document, UTF-8 `data` (valid):
-        the short path, for texts encoded one at a time. Its kernel call is made with arguments packed in `state`
-        (the text is copied into a buffer among them), so the Python around it costs well under
-        1 µs besides the copy of the ids: it is most of what a short text costs."""
+        the short path, for texts encoded one at a time. Its kernel call is made with arguments
+        packed in `state` (the text is copied into a buffer among them), so the Python around it
+        costs well under 1 µs besides the copy of the ids: it is most of what a short text
+        costs."""
         call = state.text_call
         if call is not None and len(data) < state.text_room:
             state.text_input[: len(data)] = data  # a copy into the packed buffer: 0.15 µs
@@ -971,8 +976,8 @@ class DocumentEncoder:
             buf = _frombuffer(data, _UINT8)
             state.doc_end[0] = len(data)
             result = None
-        ids = self._run(buf, state.doc_end, -1, state, state.doc_out_end, dtype or np.int32,
-                        result)
+        ids = self._run(buf, state.doc_end, -1, state, state.doc_out_end,
+                        np.int32 if dtype is None else dtype, result)
         # Ready the next call's arguments (the cache and the output buffer may be new).
         table, specials, ranks, _ = self.tables
         out = state.output(max(len(data), _TEXT_ROOM) + 1)

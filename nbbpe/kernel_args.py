@@ -38,12 +38,17 @@ class PackedArrays:
                 if isinstance(value, np.ndarray):
                     if value.ndim != 1 or not value.flags.c_contiguous:
                         raise ValueError("only 1-d C-contiguous arrays can be packed")
-                    values += (value.__array_interface__["data"][0], len(value))
+                    values += (address(value), len(value))
                     arrays.append(value)
                 else:
                     values.append(int(value))
         self.values = np.array(values, dtype=np.int64)
         self._arrays = arrays  # alive as long as the addresses are used
+
+
+def address(array: np.ndarray) -> int:
+    """Where the data of `array` starts in memory."""
+    return array.__array_interface__["data"][0]
 
 
 def _array_type(dtype, readonly: bool) -> types.Array:

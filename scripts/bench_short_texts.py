@@ -1,4 +1,5 @@
-"""The cost of one call on a short text: nbbpe's `encode_to_numpy` against the peers' one-text calls.
+"""The cost of one call on a short text: nbbpe's `encode_to_numpy` against the peers'
+one-text calls.
 
     python scripts/bench_short_texts.py [--pattern gpt2|cl100k|o200k] [--tools nbbpe,gigatoken,...]
         [--repeat 3] [--calls 20000] [--story-file FILE] [--json out.json]

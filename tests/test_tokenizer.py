@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbbpe import CL100K_PATTERN, GPT2_PATTERN, Tokenizer, train_bpe
-from nbbpe.encode import RANKS_ITEMS
-from nbbpe.scanners.specials import SPECIALS_ITEMS
+from nbbpe.encode import CACHE_AT, OUT_AT
+from nbbpe.kernel_args import address
 from reference_encode import ReferenceEncoder, read_gpt2_vocab
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -366,14 +366,6 @@ def test_a_tiny_cache_is_emptied_and_gives_the_same_ids(gpt2, gpt2_files):
     assert tokenizer.encode(text) == expected
     assert tokenizer._thread_state().cache.table.fill[2] > 0  # started again many times
     assert uncached.encode(text) == expected
-
-
-OUT_AT = 10  # where `encode.pack_encode_args` packs the output buffer, and the cache's table
-CACHE_AT = 12 + SPECIALS_ITEMS + RANKS_ITEMS
-
-
-def address(array):
-    return array.__array_interface__["data"][0]
 
 
 def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files):
