@@ -14,7 +14,9 @@ on one thread, `--repeat` times with a freshly built tokenizer (GPT-2's files, o
   vocab (every new pre-token is merged once), after a call on as many one-byte pre-tokens (which
   pages in the output buffer, so page faults are not counted as merging);
 - warm: the same call again (every pre-token is found in the cache);
-- learned: how many pre-tokens the cold call merged (the entries the cache gained).
+- learned: how many pre-tokens the cold call merged (the entries the cache gained), and
+  learned_warm, how many the warm call did (0: it only looked up), and whether both gave the
+  same ids.
 
 Derived, as medians over the repeats (ranges in brackets): lookups = warm - scan (looking the
 pre-tokens up and writing their ids out), merging = cold - warm, and merging / learned, what a
@@ -69,15 +71,18 @@ def measure(encoding: str, data: bytes, ends: np.ndarray, starts: np.ndarray,
     cache = tok._get_engine().cache
     before = int(cache.table.fill[1])
     t0 = time.perf_counter()
-    tok.encode_utf8(buf, ends)
+    cold_ids = tok.encode_utf8(buf, ends)
     cold = time.perf_counter() - t0
     if cache.table.fill[2]:  # it reached `cache_size` and started again: "learned" would be wrong
         raise SystemExit(f"the cache was emptied while encoding {encoding}: use a smaller corpus")
     learned = int(cache.table.fill[1]) - before  # a grown table keeps the count
     t0 = time.perf_counter()
-    tok.encode_utf8(buf, ends)
+    warm_ids = tok.encode_utf8(buf, ends)
     warm = time.perf_counter() - t0
+    # What makes warm - scan the lookups alone: the warm call merged nothing new, same ids.
+    learned_warm = int(cache.table.fill[1]) - before - learned
     return {"scan_s": scan, "cold_s": cold, "warm_s": warm, "learned": learned,
+            "learned_warm": learned_warm, "same_ids": all(map(np.array_equal, cold_ids, warm_ids)),
             "pretokens": int(found)}
 
 

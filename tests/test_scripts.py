@@ -275,10 +275,13 @@ def test_encode_breakdown_splits_a_cold_pass(tmp_path, capsys):
     assert capsys.readouterr().out.count("small.txt") == 2
     for row in json.loads(out.read_text())[str(corpus)].values():
         assert len(row["rounds"]) == 2
-        # new text: the cold pass merges, the warm one only finds, and both scan the same
+        # New text: the cold pass merges, the warm one only looks up and gives the same ids
+        # (what makes warm - scan the lookups). Times are not compared: on 40 KB they differ by
+        # fractions of a millisecond, which a noisy machine reorders.
         assert row["learned"] > 100 and row["pretokens"] > 5_000
-        assert all(r["cold_s"] > r["warm_s"] > r["scan_s"] > 0 for r in row["rounds"])
-        assert row["us_per_merged"]["median"] > 0
+        for r in row["rounds"]:
+            assert r["learned"] == row["learned"] and r["learned_warm"] == 0 and r["same_ids"]
+            assert min(r["cold_s"], r["warm_s"], r["scan_s"]) > 0
 
 
 def test_bench_short_texts_times_each_call_and_checks_the_ids(tmp_path, capsys):
