@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, typeof, types
 
 from .encode_tables import (
     CACHE_FIRST_ROOM,
@@ -67,8 +67,8 @@ from .encode_tables import (
     table_at,
     with_room,
 )
-from .kernel_args import PackedArrays, array_at, readonly_array_at
-from .kernel_cache import entry_point
+from .kernel_args import PackedArrays, array_at, call_at, data_address, readonly_array_at
+from .kernel_cache import entry_point, native_address
 from .scanners.classes import load8, uindex
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
@@ -663,6 +663,28 @@ def encode_o200k_ranks(args, separator, out_base, doc, i):
                             _encode_new_ranks, args, separator, out_base, doc, i)
 
 
+# What every encode kernel above is compiled as: (packed arrays, separator, out_base, doc, i)
+# -> (ids written, next document, next byte, need).
+KERNEL_SIGNATURE = types.UniTuple(types.int64, 4)(types.Array(types.int64, 1, "C"), types.int64,
+                                                  types.int64, types.int64, types.int64)
+_call_kernel_at = call_at(KERNEL_SIGNATURE)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def encode_text_at(data, values, kernel):
+    """The short path's one call (`DocumentEncoder.encode_text`): the encode kernel whose
+    machine code is at address `kernel`, on one text, `data` (bytes, read where it is), with the
+    other arguments packed in `values`. Returns the ids written to the packed output, or -1 if
+    the kernel stopped before the end (or raised): then encode the text the long way. One call
+    from Python, whose bytes argument unboxes faster than an array, in place of copying the text
+    into a packed buffer, setting its end and unboxing the kernel's five arguments and result."""
+    values[0] = data_address(data)  # the text, as `pack_encode_args` packs it
+    values[1] = len(data)
+    array_at(values, 4, np.int64)[0] = len(data)  # where its only document ends
+    ok, (w, doc, _, _) = _call_kernel_at(kernel, (values, -1, 0, 0, 0))
+    return w if ok and doc == 1 else -1
+
+
 # scanner family -> its `encode_documents` kernels, in MERGES and RANKS order
 ENCODERS = {
     "gpt2": (encode_gpt2_merges, encode_gpt2_ranks),
@@ -893,11 +915,14 @@ class ThreadState:
         self.out = np.empty(0, dtype=np.int32)  # the kernels' output, reused: no page faults
         self.doc_end = np.empty(1, dtype=np.int64)  # for one text at a time
         self.doc_out_end = np.empty(1, dtype=np.int64)
-        self.text_call = None  # the short path: its kernel entry point, arguments, room
+        # The short path: `encode_text_at`'s entry point, the kernel's address, its packed
+        # arguments (the text left out) and the ids they have room for.
+        self.text_call = None
+        self.text_kernel = 0
         self.text_args: PackedArrays | None = None
+        self.text_values = None  # text_args.values
         self.text_cache: Table | None = None  # the cache table packed in `text_args`
         self.text_room = 0
-        self.text_buffer = self.text_input = None  # its text (in `text_args`), a view of it
 
     def output(self, items: int) -> np.ndarray:
         """The output buffer, with room for `items` ids (at most `_OUT_ITEMS`: the kernels
@@ -918,6 +943,7 @@ class ThreadState:
 _OUT_ITEMS = 1 << 22  # ids per kernel call at most (16 MB)
 _TEXT_ROOM = 1 << 16  # ids the short path's output buffer has room for at least
 _UINT8 = np.dtype(np.uint8)
+_NO_TEXT = np.empty(0, dtype=np.uint8)  # packed in the short path's place of the text
 _frombuffer = np.frombuffer
 
 
@@ -955,42 +981,58 @@ class DocumentEncoder:
         self.kernel = kernel
         self.tables = (class_table, specials, ranks, vocab)
         self._entry = None
+        # (`encode_text_at`'s entry point, the kernel's address), or False if there is none
+        self._text_entry = None
 
     def encode_text(self, data: bytes, state: ThreadState, dtype) -> np.ndarray:
-        """The ids (as `dtype`, or a list if it is None) of one document, UTF-8 `data` (valid):
-        the short path, for texts encoded one at a time. Its kernel call is made with arguments
-        packed in `state` (the text is copied into a buffer among them), so the Python around it
-        costs well under 1 µs besides the copy of the ids: it is most of what a short text
+        """The ids (as `dtype`, or a list if it is None) of one document, UTF-8 `data` (valid,
+        `bytes`): the short path, for texts encoded one at a time. One compiled call
+        (`encode_text_at`) with the arguments kept packed in `state`, so that the Python around
+        it costs well under 1 µs besides the copy of the ids: it is most of what a short text
         costs."""
         call = state.text_call
         if call is not None and len(data) < state.text_room:
-            state.text_input[: len(data)] = data  # a copy into the packed buffer: 0.15 µs
-            state.doc_end[0] = len(data)
-            result = call(state.text_args.values, -1, 0, 0, 0)
-            if result[1] == 1:  # the document is done
-                ids = state.out[: result[0]]
+            w = call(data, state.text_values, state.text_kernel)
+            if w >= 0:
+                ids = state.out[:w]
                 return ids.tolist() if dtype is None else ids.astype(dtype)
-            buf = state.text_buffer[: len(data)]  # (`_run` sizes its output by the text)
-            result = (result, state.text_cache)
-        else:
-            buf = _frombuffer(data, _UINT8)
-            state.doc_end[0] = len(data)
-            result = None
-        ids = self._run(buf, state.doc_end, -1, state, state.doc_out_end,
-                        np.int32 if dtype is None else dtype, result)
-        # Ready the next call's arguments (the cache and the output buffer may be new).
-        table, specials, ranks, _ = self.tables
-        out = state.output(max(len(data), _TEXT_ROOM) + 1)
-        if state.text_room != len(out) - SPARE_IDS:  # a text buffer as large as the output
-            state.text_buffer = np.empty(len(out), dtype=np.uint8)
-            state.text_input = memoryview(state.text_buffer)
-            state.text_room = len(out) - SPARE_IDS  # the ids of a shorter text fit
-        state.text_cache = state.cache.table
-        state.text_args = pack_encode_args(state.text_buffer, table, state.doc_end,
-                                           state.doc_out_end, state.scratch, out, specials, ranks,
-                                           state.text_cache)
-        state.text_call = self._entry
+        # The long way: a first call, a text longer than the output buffer, a pre-token too
+        # long for the pass, a cache that grew, or a text the kernel stopped in.
+        state.doc_end[0] = len(data)
+        ids = self._run(_frombuffer(data, _UINT8), state.doc_end, -1, state, state.doc_out_end,
+                        np.int32 if dtype is None else dtype)
+        self._ready_text_call(state, len(data))
         return ids.tolist() if dtype is None else ids
+
+    def _ready_text_call(self, state: ThreadState, length: int) -> None:
+        """Ready the short path in `state`: pack its arguments (the cache and the output buffer
+        may be new), for texts shorter than the output buffer (at least `_TEXT_ROOM` bytes)."""
+        if self._text_entry is None:  # a first text: the short path waits for a second, so
+            self._text_entry = ()     # that one text (the CLI's, a warm-up) does not compile it
+            return
+        if self._text_entry == ():
+            self._text_entry = self._text_call()
+        if not self._text_entry:
+            return
+        table, specials, ranks, _ = self.tables
+        out = state.output(max(length, _TEXT_ROOM) + 1)
+        state.text_cache = state.cache.table
+        state.text_args = pack_encode_args(_NO_TEXT, table, state.doc_end, state.doc_out_end,
+                                           state.scratch, out, specials, ranks, state.text_cache)
+        state.text_values = state.text_args.values
+        state.text_room = len(out) - SPARE_IDS  # the ids of a shorter text fit
+        state.text_call, state.text_kernel = self._text_entry
+
+    def _text_call(self):
+        """(`encode_text_at`'s entry point, the kernel's address), compiled or loaded; False if
+        this Numba does not say where the kernel is (then every text goes the long way)."""
+        values = np.zeros(ENCODE_ARG_ITEMS, dtype=np.int64)
+        kernel = native_address(self.kernel, (values, -1, 0, 0, 0), KERNEL_SIGNATURE)
+        if kernel is None:
+            return False
+        args = (b"", values, kernel)
+        encode_text_at.compile(tuple(typeof(arg) for arg in args))  # not run on empty `values`
+        return entry_point(encode_text_at, args), kernel
 
     def encode(self, buf, doc_ends, separator: int, state: ThreadState, doc_out_ends,
                dtype) -> np.ndarray:
@@ -999,31 +1041,25 @@ class DocumentEncoder:
         receives where each document's ids end. The arrays must be C-contiguous."""
         return self._run(buf, doc_ends, separator, state, doc_out_ends, dtype)
 
-    def _run(self, buf, doc_ends, separator, state, doc_out_ends, dtype, result=None):
+    def _run(self, buf, doc_ends, separator, state, doc_out_ends, dtype):
         """Call the kernel until every document is done, merging the long pre-tokens it stops
-        at and letting the cache grow when it asks; `result`: what a first call returned, and
-        the cache table it had."""
+        at and letting the cache grow when it asks."""
         table, specials, ranks, vocab = self.tables
         n_docs = len(doc_ends)
-        # At most one id per byte, plus the separators (the buffer a first call had).
+        # At most one id per byte, plus the separators.
         out = state.output(len(buf) + (n_docs if separator >= 0 else 0) + 1)
         parts = []
         total = 0
         doc = i = 0
         while True:
-            if result is None:
-                cache = state.cache.table
-                args = pack_encode_args(buf, table, doc_ends, doc_out_ends, state.scratch, out,
-                                        specials, ranks, cache)
-                if self._entry is None:  # the first call: through the dispatcher
-                    result = self.kernel(args.values, separator, total, doc, i)
-                    self._entry = entry_point(self.kernel, (args.values, separator, total, doc, i))
-                else:
-                    result = self._entry(args.values, separator, total, doc, i)
+            cache = state.cache.table
+            args = pack_encode_args(buf, table, doc_ends, doc_out_ends, state.scratch, out,
+                                    specials, ranks, cache)
+            if self._entry is None:  # the first call: through the dispatcher
+                w, doc, i, need = self.kernel(args.values, separator, total, doc, i)
+                self._entry = entry_point(self.kernel, (args.values, separator, total, doc, i))
             else:
-                result, cache = result
-            w, doc, i, need = result
-            result = None
+                w, doc, i, need = self._entry(args.values, separator, total, doc, i)
             if doc == n_docs and not parts:  # the common case: one call did it all
                 return out[:w].astype(dtype)
             parts.append(out[:w].astype(dtype))

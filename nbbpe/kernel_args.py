@@ -11,6 +11,10 @@ before (and is compiled once).
 
 The packed values are plain addresses: the `PackedArrays` object holds a reference to every
 array packed, and must outlive each call given its `values`.
+
+A compiled function can also call a kernel by the address of its machine code (`call_at`,
+`kernel_cache.native_address`): calling it by name would link the kernel into the caller and
+compile all of it again with the caller (seconds, for an encode kernel).
 """
 
 from __future__ import annotations
@@ -89,3 +93,40 @@ def array_at(values, k, dtype):
 def readonly_array_at(values, k, dtype):
     """`array_at`, typed read-only (as a view of `bytes` is)."""
     return _readonly_array_at(values[k], values[k + 1], dtype)
+
+
+@intrinsic
+def data_address(typingctx, array):
+    """Where the data of `array` (an array, or `bytes`) starts in memory."""
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, context.get_value_type(types.int64))
+    return types.int64(array), codegen
+
+
+def call_at(signature):
+    """An intrinsic `call(address, args) -> (ok, result)`: call the compiled function of
+    `signature` (a `numba.core.typing.Signature`) whose machine code is at `address`, with the
+    tuple `args` (each cast to the type the signature has), in Numba's calling convention; `ok`
+    is false if it raised (the exception is dropped: call it again the usual way to see it).
+    Define it once, at module level, for a cached caller."""
+    restype, argtypes = signature.return_type, tuple(signature.args)
+    result_type = types.Tuple((types.boolean, restype))
+
+    def codegen(context, builder, sig, args):
+        address, given = args
+        given_types = sig.args[1]
+        values = [context.cast(builder, builder.extract_value(given, k), given_types[k], to)
+                  for k, to in enumerate(argtypes)]
+        function_type = context.call_conv.get_function_type(restype, argtypes)
+        function = builder.inttoptr(address, function_type.as_pointer())
+        status, result = context.call_conv.call_function(builder, function, restype, argtypes,
+                                                         values)
+        return context.make_tuple(builder, result_type, (status.is_ok, result))
+
+    def call(typingctx, address, args):
+        if not isinstance(args, types.BaseTuple) or len(args) != len(argtypes):
+            return None
+        return result_type(types.int64, args), codegen
+
+    return intrinsic(call)

@@ -255,3 +255,19 @@ def entry_point(dispatcher, args):
         return dispatcher.overloads[signature].entry_point
     except Exception:  # another Numba's internals: dispatch as usual
         return dispatcher
+
+
+def native_address(dispatcher, args, signature) -> int | None:
+    """Where the machine code `dispatcher` has compiled for the types of `args` starts, in
+    Numba's own calling convention (the one a compiled caller uses), if it was compiled with
+    `signature` (a `numba.core.typing.Signature`); else, or if this Numba does not say, None.
+    A compiled function may call it there (`kernel_args.call_at`) without linking it in."""
+    try:
+        from numba.core.typing.typeof import Purpose, typeof
+
+        compiled = dispatcher.overloads[tuple(typeof(arg, Purpose.argument) for arg in args)]
+        if compiled.signature != signature:
+            return None
+        return compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name) or None
+    except Exception:  # another Numba's internals: no such call
+        return None

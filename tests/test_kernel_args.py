@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from numba import njit, typeof
+from numba import njit, typeof, types
 
 from nbbpe.encode import (
     ENCODE_ARG_ITEMS,
@@ -13,7 +13,9 @@ from nbbpe.encode import (
     pack_encode_args,
 )
 from nbbpe.encode_tables import SharedCache, new_table
-from nbbpe.kernel_args import PackedArrays, array_at, readonly_array_at
+from nbbpe.kernel_args import (PackedArrays, address, array_at, call_at, data_address,
+                               readonly_array_at)
+from nbbpe.kernel_cache import native_address
 from nbbpe.scanners.specials import make_specials
 
 
@@ -107,3 +109,47 @@ def test_wrong_arrays_are_refused_before_any_kernel_sees_them():
     with pytest.raises(ValueError, match="contiguous"):
         pack_encode_args(**{**good, "buf": np.zeros(8, np.uint8)[::2]}, specials=specials,
                          ranks=ranks, cache=cache)
+
+
+@njit
+def _weighted(values, k, scale):
+    if k < 0:
+        raise ValueError("negative k")
+    return values[k] * scale, np.int64(len(values))
+
+
+_WEIGHTED = types.Tuple((types.float64, types.int64))(types.Array(types.int64, 1, "C"), types.int64,
+                                                      types.float64)
+_call_weighted_at = call_at(_WEIGHTED)
+
+
+@njit
+def _call_weighted(function, values, k, scale):
+    return _call_weighted_at(function, (values, k, scale))
+
+
+def test_a_compiled_function_is_called_at_its_address_with_its_arguments_and_result():
+    values = np.array([3, 5, 7], dtype=np.int64)
+    args = (values, 1, 2.5)
+    _weighted(*args)
+    function = native_address(_weighted, args, _WEIGHTED)
+    assert function
+    assert _call_weighted(function, values, 1, 2.5) == (True, (12.5, 3))
+    assert _call_weighted(function, values, 2, 0.5) == (True, (3.5, 3))
+    ok, _ = _call_weighted(function, values, -1, 1.0)  # it raised: said, not propagated
+    assert not ok
+    # not compiled for these types, or compiled as another signature: no address
+    assert native_address(_weighted, (values, 1.5, 2.5), _WEIGHTED) is None
+    assert native_address(_weighted, args, types.int64(types.int64)) is None
+
+
+@njit
+def _address_of(data):
+    return data_address(data)
+
+
+def test_data_address_is_where_the_bytes_or_array_are():
+    data = b"some text"
+    assert _address_of(data) == address(np.frombuffer(data, dtype=np.uint8))
+    array = np.arange(5, dtype=np.int32)[1:]
+    assert _address_of(array) == address(array)

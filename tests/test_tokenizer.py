@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nbbpe import CL100K_PATTERN, GPT2_PATTERN, Tokenizer, train_bpe
+from nbbpe import encode
 from nbbpe.encode import CACHE_AT, OUT_AT
 from nbbpe.kernel_args import address
 from reference_encode import ReferenceEncoder, read_gpt2_vocab
@@ -736,6 +737,30 @@ def test_a_vocab_with_gaps_in_its_ids(gpt2_files):
     ids = Tokenizer(vocab, merges, [EOT]).encode(text)
     assert tok.encode(text) == [i if i <= 300 else i + 1000 for i in ids]
     assert tok.decode(tok.encode(text)) == text
+
+
+def test_the_short_path_calls_the_kernel_at_its_address_and_falls_back_the_long_way(
+        gpt2_files, tiktoken_gpt2, monkeypatch):
+    # From a second text on, each goes through one compiled call (`encode_text_at`) that runs
+    # the kernel where it reads the text; a text the kernel stops in (a pre-token too long for
+    # the pass, more ids than the buffer holds) goes the long way. Without the kernel's address
+    # (another Numba) every text goes the long way. The ids are tiktoken's either way.
+    texts = ["Hello you", "", "x" * 5000 + " end", "Héllo wörld 😀 " * 3, read("corpus.en") * 4,
+             "Hello again", " " * 300 + "tail"]
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    assert tokenizer.encode("one text") == tiktoken_gpt2.encode_ordinary("one text")
+    assert tokenizer._thread_state().text_call is None  # readied for a second text, not a first
+    for text in texts:
+        expected = tiktoken_gpt2.encode_ordinary(text)
+        assert tokenizer.encode(text) == expected
+        assert tokenizer.encode_to_numpy(text).tolist() == expected
+        state = tokenizer._thread_state()
+        assert state.text_call is not None and state.text_kernel != 0
+    monkeypatch.setattr(encode, "native_address", lambda *args: None)
+    without = Tokenizer(*gpt2_files, [EOT])
+    for text in texts:
+        assert without.encode(text) == tiktoken_gpt2.encode_ordinary(text)
+        assert without._thread_state().text_call is None
 
 
 def test_encode_gives_a_list_of_python_ints_on_the_short_path_and_the_long(gpt2_files,
