@@ -327,7 +327,16 @@ class Tokenizer:
             text = _check_text(text, "encode")
         if self._family is None:
             return self._encode_text(text).tolist()
-        return self._encode_utf8_text(_utf8(text), None)  # a list straight from the kernel's ids
+        # The short path written out, as in encode_to_numpy; a list straight from the kernel's ids.
+        try:
+            data = text.encode()
+        except UnicodeEncodeError:
+            data = _utf8(text)
+        try:
+            state = self._threads.state
+        except AttributeError:  # this thread's first encode
+            state = self._thread_state()
+        return (self._engine or self._get_engine()).documents.encode_text(data, state, None)
 
     def encode_to_numpy(self, text: str, dtype=None) -> np.ndarray:
         """The token ids of `text` as an array of `dtype` (default: uint16 if every id fits,
