@@ -743,8 +743,9 @@ def test_the_short_path_calls_the_kernel_at_its_address_and_falls_back_the_long_
         gpt2_files, tiktoken_gpt2, monkeypatch):
     # From a second text on, each goes through one compiled call (`encode_text_at`) that runs
     # the kernel where it reads the text; a text the kernel stops in (a pre-token too long for
-    # the pass, more ids than the buffer holds) goes the long way. Without the kernel's address
-    # (another Numba) every text goes the long way. The ids are tiktoken's either way.
+    # the pass, more ids than the buffer holds) goes the long way. Without the kernel's address,
+    # or a call that compiles (another Numba), every text goes the long way. The ids are
+    # tiktoken's either way.
     texts = ["Hello you", "", "x" * 5000 + " end", "Héllo wörld 😀 " * 3, read("corpus.en") * 4,
              "Hello again", " " * 300 + "tail"]
     tokenizer = Tokenizer(*gpt2_files, [EOT])
@@ -756,11 +757,17 @@ def test_the_short_path_calls_the_kernel_at_its_address_and_falls_back_the_long_
         assert tokenizer.encode_to_numpy(text).tolist() == expected
         state = tokenizer._thread_state()
         assert state.text_call is not None and state.text_kernel != 0
-    monkeypatch.setattr(encode, "native_address", lambda *args: None)
-    without = Tokenizer(*gpt2_files, [EOT])
-    for text in texts:
-        assert without.encode(text) == tiktoken_gpt2.encode_ordinary(text)
-        assert without._thread_state().text_call is None
+    class Uncompilable:
+        def compile(self, signature):
+            raise TypeError("this Numba's calling convention has changed")
+
+    for name, value in (("encode_text_at", Uncompilable()),
+                        ("native_address", lambda *args: None)):
+        monkeypatch.setattr(encode, name, value)
+        without = Tokenizer(*gpt2_files, [EOT])
+        for text in texts:
+            assert without.encode(text) == tiktoken_gpt2.encode_ordinary(text)
+            assert without._thread_state().text_call is None
 
 
 def test_encode_gives_a_list_of_python_ints_on_the_short_path_and_the_long(gpt2_files,
