@@ -817,8 +817,8 @@ def _merge_ids(merges: Merges, ids: dict[bytes, int]) -> tuple[np.ndarray, np.nd
                 raise ValueError(f"merge {r} {(a, b)!r}: the merged token {a + b!r} is not in "
                                  "the vocab") from None
         raise
-    pairs = (left.astype(np.int64) << 32) | right
-    if len(np.unique(pairs)) != len(pairs):
+    pairs = np.sort((left.astype(np.int64) << 32) | right)  # (np.unique would import numpy.ma:
+    if (pairs[1:] == pairs[:-1]).any():                      # 30 ms of a 0.3 s load)
         seen: dict[tuple[bytes, bytes], int] = {}
         for r, pair in enumerate(merges):
             if pair in seen:
