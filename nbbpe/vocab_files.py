@@ -112,7 +112,7 @@ def load_gpt2_files(vocab_path: str | os.PathLike, merges_path: str | os.PathLik
         raise ValueError(f"{os.fspath(vocab_path)}: expected a JSON object {{token: id}}, "
                          f"got a {type(spelled).__name__}")
     ids = list(spelled.values())
-    if not all(type(i) is int and i >= 0 for i in ids):
+    if ids and (set(map(type, ids)) != {int} or min(ids) < 0):  # C loops, no Python per id
         text, i = next((t, i) for t, i in spelled.items() if type(i) is not int or i < 0)
         raise ValueError(f"{os.fspath(vocab_path)}: token {text!r} has id {i!r}, "
                          "not a non-negative integer")

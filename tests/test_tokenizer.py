@@ -781,3 +781,11 @@ def test_encode_gives_a_list_of_python_ints_on_the_short_path_and_the_long(gpt2_
         ids = tokenizer.encode(text)
         assert type(ids) is list and all(type(i) is int for i in ids[:50])
         assert ids == tiktoken_gpt2.encode_ordinary(text)
+
+
+def test_bytes_under_two_ids_encode_to_the_lower_whatever_the_vocab_order():
+    vocab = {i: bytes([i]) for i in range(256)} | {256: b"ab", 257: b"ab"}
+    for order in (vocab, dict(reversed(list(vocab.items())))):
+        tokenizer = Tokenizer(order, [(b"a", b"b")])
+        assert tokenizer.encode("ab") == [256] and tokenizer.encode("xab ab") == [120, 256, 32, 256]
+        assert tokenizer.decode([257, 256]) == "abab"
