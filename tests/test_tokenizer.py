@@ -678,6 +678,23 @@ def test_one_tokenizer_shared_by_many_threads(gpt2_files):
     assert got == want
 
 
+def test_many_threads_on_the_short_path_while_the_shared_cache_restarts(gpt2_files):
+    # Thousands of short texts, each one call of the short path (its arguments packed per
+    # thread), while a small shared cache fills and starts again under the other threads.
+    from concurrent.futures import ThreadPoolExecutor
+
+    lines = [line for name in FIXTURE_TEXTS for line in read(name).splitlines() if line][:4000]
+    shared = Tokenizer(*gpt2_files, [EOT], cache_size=300)
+    uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(shared.encode, lines))
+        arrays = list(pool.map(shared.encode_to_numpy, lines))
+    assert shared._get_engine().cache.table.fill[2] > 0  # it started again
+    assert len(lines) > 1000
+    for line, ids, array in zip(lines, got, arrays):
+        assert ids == uncached.encode(line) == array.tolist()
+
+
 def test_threads_growing_the_shared_cache_at_once(gpt2_files):
     # Four threads meet 60,000 new words in different orders: the cache they share fills its
     # first room (about 48k with GPT-2's vocab) and grows while the others go on storing.
