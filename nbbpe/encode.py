@@ -921,7 +921,6 @@ class ThreadState:
         self.text_kernel = 0
         self.text_args: PackedArrays | None = None
         self.text_values = None  # text_args.values
-        self.text_cache: Table | None = None  # the cache table packed in `text_args`
         self.text_room = 0
 
     def output(self, items: int) -> np.ndarray:
@@ -944,6 +943,7 @@ _OUT_ITEMS = 1 << 22  # ids per kernel call at most (16 MB)
 _TEXT_ROOM = 1 << 16  # ids the short path's output buffer has room for at least
 _UINT8 = np.dtype(np.uint8)
 _NO_TEXT = np.empty(0, dtype=np.uint8)  # packed in the short path's place of the text
+_AFTER_FIRST_TEXT = object()  # `DocumentEncoder._text_entry` once a first text is encoded
 _frombuffer = np.frombuffer
 
 
@@ -981,7 +981,8 @@ class DocumentEncoder:
         self.kernel = kernel
         self.tables = (class_table, specials, ranks, vocab)
         self._entry = None
-        # (`encode_text_at`'s entry point, the kernel's address), or False if there is none
+        # The short path's (`encode_text_at`'s entry point, the kernel's address); False if
+        # there is none; None before a first text, `_AFTER_FIRST_TEXT` after it.
         self._text_entry = None
 
     def encode_text(self, data: bytes, state: ThreadState, dtype) -> np.ndarray:
@@ -1008,17 +1009,16 @@ class DocumentEncoder:
         """Ready the short path in `state`: pack its arguments (the cache and the output buffer
         may be new), for texts shorter than the output buffer (at least `_TEXT_ROOM` bytes)."""
         if self._text_entry is None:  # a first text: the short path waits for a second, so
-            self._text_entry = ()     # that one text (the CLI's, a warm-up) does not compile it
-            return
-        if self._text_entry == ():
+            self._text_entry = _AFTER_FIRST_TEXT  # that one text (the CLI's, a warm-up) does
+            return                                # not compile it
+        if self._text_entry is _AFTER_FIRST_TEXT:
             self._text_entry = self._text_call()
         if not self._text_entry:
             return
         table, specials, ranks, _ = self.tables
         out = state.output(max(length, _TEXT_ROOM) + 1)
-        state.text_cache = state.cache.table
         state.text_args = pack_encode_args(_NO_TEXT, table, state.doc_end, state.doc_out_end,
-                                           state.scratch, out, specials, ranks, state.text_cache)
+                                           state.scratch, out, specials, ranks, state.cache.table)
         state.text_values = state.text_args.values
         state.text_room = len(out) - SPARE_IDS  # the ids of a shorter text fit
         state.text_call, state.text_kernel = self._text_entry

@@ -249,10 +249,7 @@ def entry_point(dispatcher, args):
     kernel), which dominates encoding short texts one at a time. The entry point does not check
     its arguments: call it only with arguments of exactly the types of `args`."""
     try:
-        from numba.core.typing.typeof import Purpose, typeof
-
-        signature = tuple(typeof(arg, Purpose.argument) for arg in args)
-        return dispatcher.overloads[signature].entry_point
+        return _compiled(dispatcher, args).entry_point
     except Exception:  # another Numba's internals: dispatch as usual
         return dispatcher
 
@@ -263,11 +260,16 @@ def native_address(dispatcher, args, signature) -> int | None:
     `signature` (a `numba.core.typing.Signature`); else, or if this Numba does not say, None.
     A compiled function may call it there (`kernel_args.call_at`) without linking it in."""
     try:
-        from numba.core.typing.typeof import Purpose, typeof
-
-        compiled = dispatcher.overloads[tuple(typeof(arg, Purpose.argument) for arg in args)]
+        compiled = _compiled(dispatcher, args)
         if compiled.signature != signature:
             return None
         return compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name) or None
     except Exception:  # another Numba's internals: no such call
         return None
+
+
+def _compiled(dispatcher, args):
+    """What `dispatcher` has compiled for the types of `args` (Numba's internals: may raise)."""
+    from numba.core.typing.typeof import Purpose, typeof
+
+    return dispatcher.overloads[tuple(typeof(arg, Purpose.argument) for arg in args)]
