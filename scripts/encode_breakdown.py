@@ -16,7 +16,12 @@ on one thread, `--repeat` times with a freshly built tokenizer (GPT-2's files, o
 - warm: the same call again (every pre-token is found in the cache);
 - learned: how many pre-tokens the cold call merged (the entries the cache gained), and
   learned_warm, how many the warm call did (0: it only looked up), and whether both gave the
-  same ids.
+  same ids;
+- two at once: the CPU time of the warm call made by two threads at the same time (each on its
+  own thread state, sharing the cache), over its CPU time made alone. 1.00 means two threads
+  cost each other nothing; above it, each call waits on what the other uses too (the caches,
+  the memory). Thread CPU time, not wall time: a machine that is slower for a moment, or a
+  thread not scheduled, does not count.
 
 Derived, as medians over the repeats (ranges in brackets): lookups = warm - scan (looking the
 pre-tokens up and writing their ids out), merging = cold - warm, and merging / learned, what a
@@ -30,7 +35,9 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -81,9 +88,33 @@ def measure(encoding: str, data: bytes, ends: np.ndarray, starts: np.ndarray,
     warm = time.perf_counter() - t0
     # What makes warm - scan the lookups alone: the warm call merged nothing new, same ids.
     learned_warm = int(cache.table.fill[1]) - before - learned
+    alone, together, both_ids = cpu_alone_and_two_at_once(tok, buf, ends)
     return {"scan_s": scan, "cold_s": cold, "warm_s": warm, "learned": learned,
             "learned_warm": learned_warm, "same_ids": all(map(np.array_equal, cold_ids, warm_ids)),
-            "pretokens": int(found)}
+            "pretokens": int(found), "cpu_alone_s": alone, "cpu_two_at_once_s": together,
+            "same_ids_two_at_once": all(all(map(np.array_equal, ids, warm_ids))
+                                        for ids in both_ids)}
+
+
+def cpu_alone_and_two_at_once(tok: Tokenizer, buf: np.ndarray, ends: np.ndarray):
+    """(CPU seconds of a warm `encode_utf8(buf, ends)` on one thread alone, the mean CPU seconds
+    of the same call made by two threads at once, the ids each of the two gave). Each thread has
+    made the call once before (its thread state and output buffer exist, paged in)."""
+    def call(start: threading.Barrier | None):
+        if start is not None:
+            start.wait()  # both begin together
+        t0 = time.thread_time()
+        ids = tok.encode_utf8(buf, ends)
+        return time.thread_time() - t0, ids
+
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(2):  # untimed: each thread's first call
+            warm_up = threading.Barrier(2)
+            [f.result() for f in [pool.submit(call, warm_up) for _ in range(2)]]
+        alone, _ = pool.submit(call, None).result()
+        start = threading.Barrier(2)
+        both = [f.result() for f in [pool.submit(call, start) for _ in range(2)]]
+    return alone, statistics.mean(t for t, _ in both), [ids for _, ids in both]
 
 
 def summarize(rounds: list[dict]) -> dict:
@@ -97,6 +128,7 @@ def summarize(rounds: list[dict]) -> dict:
         "cold_ms": [r["cold_s"] * 1e3 for r in rounds],
         "us_per_merged": [(r["cold_s"] - r["warm_s"]) * 1e6 / max(r["learned"], 1) for r in rounds],
         "ns_per_pretoken_warm": [r["warm_s"] * 1e9 / max(r["pretokens"], 1) for r in rounds],
+        "two_at_once": [r["cpu_two_at_once_s"] / r["cpu_alone_s"] for r in rounds],
     }
     out = {name: spread(values) for name, values in per.items()}
     out["learned"] = rounds[0]["learned"]
@@ -119,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     corpora = args.corpora or default_corpora()
     results: dict = {}
     print("encoding   corpus                 scan ms         lookups ms      merging ms      "
-          "cold ms         us/merged      ns/pre-token warm  learned")
+          "cold ms         us/merged      ns/pre-token warm  two at once        learned")
     for path in corpora:
         docs = list(documents(path))
         data = b"".join(docs)
@@ -133,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{encoding:10s} {os.path.basename(path):22s} {show(row['scan_ms']):15s} "
                   f"{show(row['lookups_ms']):15s} {show(row['merging_ms']):15s} "
                   f"{show(row['cold_ms']):15s} {show(row['us_per_merged'], 2):14s} "
-                  f"{show(row['ns_per_pretoken_warm']):18s} {row['learned']:,}")
+                  f"{show(row['ns_per_pretoken_warm']):18s} {show(row['two_at_once'], 2):18s} "
+                  f"{row['learned']:,}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)

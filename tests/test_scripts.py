@@ -282,6 +282,9 @@ def test_encode_breakdown_splits_a_cold_pass(tmp_path, capsys):
         for r in row["rounds"]:
             assert r["learned"] == row["learned"] and r["learned_warm"] == 0 and r["same_ids"]
             assert min(r["cold_s"], r["warm_s"], r["scan_s"]) > 0
+            # Two threads making the warm call at once each give its ids, and both used CPU.
+            assert r["same_ids_two_at_once"]
+            assert min(r["cpu_alone_s"], r["cpu_two_at_once_s"]) > 0
 
 
 def test_bench_short_texts_times_each_call_and_checks_the_ids(tmp_path, capsys):
