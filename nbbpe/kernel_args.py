@@ -36,18 +36,41 @@ class PackedArrays:
 
     def __init__(self, *items):
         values: list[int] = []
-        arrays: list[np.ndarray] = []
+        arrays: dict[int, np.ndarray] = {}  # where in `values` -> the array packed there
         for item in items:
             for value in (item if isinstance(item, tuple) else (item,)):
                 if isinstance(value, np.ndarray):
-                    if value.ndim != 1 or not value.flags.c_contiguous:
-                        raise ValueError("only 1-d C-contiguous arrays can be packed")
+                    _check_packable(value)
+                    arrays[len(values)] = value
                     values += (address(value), len(value))
-                    arrays.append(value)
                 else:
                     values.append(int(value))
         self.values = np.array(values, dtype=np.int64)
         self._arrays = arrays  # alive as long as the addresses are used
+
+    def set_array(self, k: int, array: np.ndarray) -> None:
+        """Pack `array` at values[k:k + 2], in place of the array packed there (of the same
+        dtype: the caller checks), without packing the others again."""
+        if k not in self._arrays:
+            raise ValueError(f"no array is packed at {k}")
+        _check_packable(array)
+        self._arrays[k] = array
+        self.values[k] = address(array)
+        self.values[k + 1] = len(array)
+
+    def release(self, k: int) -> None:
+        """Let go of the array packed at values[k:k + 2] (its address stays, unusable, until
+        `set_array` packs another there): a large text need not outlive its call."""
+        self._arrays[k] = _RELEASED
+        self.values[k + 1] = 0
+
+
+_RELEASED = np.empty(0, dtype=np.uint8)
+
+
+def _check_packable(array: np.ndarray) -> None:
+    if array.ndim != 1 or not array.flags.c_contiguous:
+        raise ValueError("only 1-d C-contiguous arrays can be packed")
 
 
 def address(array: np.ndarray) -> int:

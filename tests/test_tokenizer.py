@@ -1,9 +1,11 @@
 """Encoding: ids against tiktoken (GPT-2 files, built offline) and the slow reference twin,
 streaming against whole-text encoding, special tokens, decoding, and bad input."""
 
+import gc
 import io
 import itertools
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -393,6 +395,35 @@ def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files
         buffers.add(address(state.out))
     assert state.cache.table.fill[2] > 0  # the cache started again
     assert len(buffers) > 1  # and the buffer was replaced
+
+
+def test_calls_of_a_batch_follow_their_cache_and_buffer_and_let_go_of_the_text(gpt2_files):
+    # A thread keeps its kernel arguments packed from call to call and only puts in the next
+    # documents; a cache that grows or starts again and a larger output buffer are packed anew:
+    # every batch still gets the ids of a tokenizer that caches nothing. The text is not kept.
+    tokenizer = Tokenizer(*gpt2_files, [EOT], cache_size=40)
+    uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)
+    words = read("multi_sample.txt")[:30000].split()
+    texts = [" ".join(words[k:k + 9]) for k in range(0, len(words), 9)]
+    state = None
+    for k in range(0, 240, 8):
+        batch = texts[k:k + 8]
+        if k == 80:
+            batch = [text * 2000 for text in batch]  # about 1 MB: a larger output buffer
+        ids, offsets = tokenizer.encode_batch_to_numpy(batch, num_threads=1)
+        assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == [
+            uncached.encode(text) for text in batch], k
+        state = tokenizer._thread_state()
+        packed = state.run_args.values
+        assert packed[CACHE_AT] == address(state.cache.table.slots)  # the current table
+        assert packed[OUT_AT] == address(state.out)
+    assert state.cache.table.fill[2] > 0  # the cache started again
+    text = np.frombuffer(bytearray(" ".join(words[:2000]).encode()), dtype=np.uint8)
+    held = weakref.ref(text)
+    assert tokenizer.encode_utf8(text)[0].tolist() == uncached.encode(" ".join(words[:2000]))
+    del text
+    gc.collect()
+    assert held() is None
 
 
 def test_cached_ids_of_any_count_stay_within_a_small_output_buffer(gpt2_files, tiktoken_gpt2,
