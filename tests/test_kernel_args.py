@@ -1,16 +1,25 @@
 """Arrays handed to a kernel packed as addresses (`kernel_args`) are the same arrays inside."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from numba import njit, typeof, types
 
 from nbbpe.encode import (
+    DOC_ENDS_AT,
+    DOC_OUT_ENDS_AT,
     ENCODE_ARG_ITEMS,
     RANKS,
+    SPECIALS_AT,
+    TEXT_AT,
     _no_merges,
     encode_args,
     new_scratch,
     pack_encode_args,
+    release_documents,
+    repack_documents,
 )
 from nbbpe.encode_tables import SharedCache, new_table
 from nbbpe.kernel_args import (PackedArrays, address, array_at, call_at, data_address,
@@ -109,6 +118,31 @@ def test_wrong_arrays_are_refused_before_any_kernel_sees_them():
     with pytest.raises(ValueError, match="contiguous"):
         pack_encode_args(**{**good, "buf": np.zeros(8, np.uint8)[::2]}, specials=specials,
                          ranks=ranks, cache=cache)
+
+
+def test_documents_put_in_packed_arguments_replace_the_old_and_are_let_go():
+    specials = make_specials([])
+    ranks = _no_merges(np.arange(256, dtype=np.int32), RANKS)
+    cache = SharedCache(new_table(4, 256, 64), 10).table
+    packed = pack_encode_args(np.zeros(4, np.uint8), np.zeros(256, np.uint8),
+                              np.zeros(1, np.int64), np.zeros(1, np.int64), new_scratch(),
+                              np.zeros(8, np.int32), specials, ranks, cache)
+    before = packed.values.copy()
+    buf, ends, out_ends = np.arange(9, dtype=np.uint8), np.array([4, 9]), np.zeros(2, np.int64)
+    repack_documents(packed, buf, ends, out_ends)
+    expected = before.copy()
+    expected[[TEXT_AT, TEXT_AT + 1, DOC_ENDS_AT, DOC_ENDS_AT + 1, DOC_OUT_ENDS_AT,
+              DOC_OUT_ENDS_AT + 1]] = [address(buf), 9, address(ends), 2, address(out_ends), 2]
+    assert packed.values.tolist() == expected.tolist()  # the rest as packed
+    with pytest.raises(TypeError, match="dtypes"):
+        repack_documents(packed, buf, ends.astype(np.int32), out_ends)
+    with pytest.raises(ValueError, match="no array"):
+        packed.set_array(SPECIALS_AT - 1, buf)  # not where an array is packed
+    held = weakref.ref(buf)
+    release_documents(packed)
+    del buf
+    gc.collect()
+    assert held() is None
 
 
 @njit
