@@ -287,6 +287,39 @@ def test_encode_breakdown_splits_a_cold_pass(tmp_path, capsys):
             assert min(r["cpu_alone_s"], r["cpu_two_at_once_s"]) > 0
 
 
+def test_bench_in_process_alternates_fresh_tools_and_checks_their_ids(tmp_path, capsys,
+                                                                    monkeypatch):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text((FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:6000]
+                      + f"\n{EOT}\n" + (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:6000],
+                      encoding="utf-8")
+    script = load_script("bench_in_process")
+    out = tmp_path / "in_process.json"
+    assert script.main([str(corpus), "--tools", "nbbpe,tiktoken", "--rounds", "2",
+                        "--json", str(out)]) == 0
+    assert "small.txt" in capsys.readouterr().out
+    [result] = json.loads(out.read_text())
+    assert result["documents"] > 1 and len(result["rounds"]) == 2
+    rows = result["tools"]
+    assert rows["nbbpe"]["exact"] and rows["tiktoken"]["exact"]
+    assert rows["tiktoken"]["nbbpe_ratio_cold"]["median"] > 0
+    assert all(run[name]["cold_s"] > 0 for run in result["rounds"] for name in rows)
+    # A tool whose ids differ from the first tool's is reported so.
+    build = script.bench_peers.build
+
+    def off_by_one(name, encoding, threads):
+        encoder = build(name, encoding, threads)
+        if name == "tiktoken":
+            one = encoder.one
+            encoder.one = lambda doc: [*one(doc), 0]
+        return encoder
+
+    monkeypatch.setattr(script.bench_peers, "build", off_by_one)
+    assert script.main([str(corpus), "--tools", "nbbpe,tiktoken", "--rounds", "1",
+                        "--json", str(out)]) == 0
+    assert not json.loads(out.read_text())[0]["tools"]["tiktoken"]["exact"]
+
+
 def test_bench_short_texts_times_each_call_and_checks_the_ids(tmp_path, capsys):
     out = tmp_path / "short.json"
     assert load_script("bench_short_texts").main([

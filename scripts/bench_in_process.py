@@ -1,0 +1,121 @@
+"""One thread, one call per document: nbbpe and its peers alternated inside one process.
+
+    python scripts/bench_in_process.py [CORPUS ...] [--tools nbbpe,gigatoken,fastokens]
+        [--rounds 7] [--cpu 1] [--json out.json]
+
+This machine changes speed from one minute to the next (a tool's speed in `bench_encode.py`'s
+fresh processes ranges over ±30% within a run), so ratios taken between processes minutes apart
+are noisy. Here each round builds every tool afresh, in turn, in this one process pinned to one
+CPU, and times a pass over the corpus's documents with a cold cache (one call per document, as
+`bench_encode.py`'s 1-thread runs call them), then a second, warm, pass; the tools' order
+alternates from round to round. nbbpe's ratio to each peer is taken within each round, seconds
+apart, and reported as its median (and range) over the rounds, beside each tool's MB/s. Every
+tool's ids are checked against the first tool's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import bench_peers  # noqa: E402
+from bench_encode import default_corpora, documents  # noqa: E402
+
+
+def one_round(tools: list[str], docs: list[str]) -> dict:
+    """{tool: (cold seconds, warm seconds, ids)} for one pass each, tools in the order given."""
+    result = {}
+    for name in tools:
+        encoder = bench_peers.build(name, "gpt2", 1)
+        for doc in bench_peers.WARM_UP:  # load (or compile) what the first call needs
+            encoder.one(doc)
+        t0 = time.perf_counter()
+        ids = [encoder.one(doc) for doc in docs]
+        cold = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for doc in docs:
+            encoder.one(doc)
+        warm = time.perf_counter() - t0
+        result[name] = (cold, warm, ids)
+    return result
+
+
+def measure(path: str, tools: list[str], rounds: int) -> dict:
+    docs = [doc.decode() for doc in documents(path)]
+    megabytes = sum(len(doc.encode()) for doc in docs) / 1e6
+    runs = []
+    exact = {name: True for name in tools}
+    for k in range(rounds):
+        order = tools if k % 2 == 0 else tools[::-1]
+        result = one_round(order, docs)
+        reference = result[tools[0]][2]
+        for name in tools:
+            exact[name] &= all(np.array_equal(np.asarray(a), np.asarray(b))
+                               for a, b in zip(result[name][2], reference))
+        runs.append({name: {"cold_s": result[name][0], "warm_s": result[name][1]} for name in tools})
+    rows = {}
+    for name in tools:
+        row = {"exact": exact[name]}
+        for kind in ("cold", "warm"):
+            speeds = [megabytes / run[name][f"{kind}_s"] for run in runs]
+            row[f"{kind}_mb_s"] = _spread(speeds)
+            if name != "nbbpe" and "nbbpe" in tools:
+                row[f"nbbpe_ratio_{kind}"] = _spread(
+                    [run[name][f"{kind}_s"] / run["nbbpe"][f"{kind}_s"] for run in runs])
+        rows[name] = row
+    return {"corpus": path, "megabytes": megabytes, "documents": len(docs), "rounds": runs,
+            "tools": rows}
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _show(value: dict, digits: int) -> str:
+    return f"{value['median']:.{digits}f} ({value['min']:.{digits}f}-{value['max']:.{digits}f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("corpora", nargs="*")
+    parser.add_argument("--tools", default="nbbpe,gigatoken,fastokens")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--cpu", type=int, default=None, help="pin to this CPU (default: the last)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    tools = [name for name in args.tools.split(",")
+             if bench_peers.tool_available(name) or name == "nbbpe"]
+    if hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[-1] if args.cpu is None else args.cpu})
+    results = []
+    for path in args.corpora or default_corpora():
+        result = measure(path, tools, args.rounds)
+        results.append(result)
+        print(f"{os.path.basename(path)}: {result['megabytes']:.2f} MB in {result['documents']:,} "
+              f"documents, GPT-2's files, 1 thread, {args.rounds} rounds")
+        print("  tool        cold MB/s              warm MB/s              nbbpe / tool cold   "
+              "nbbpe / tool warm   ids")
+        for name, row in result["tools"].items():
+            ratios = ("", "") if name == "nbbpe" else (_show(row["nbbpe_ratio_cold"], 3),
+                                                       _show(row["nbbpe_ratio_warm"], 3))
+            print(f"  {name:11s} {_show(row['cold_mb_s'], 1):22s} {_show(row['warm_mb_s'], 1):22s} "
+                  f"{ratios[0]:19s} {ratios[1]:19s} {'exact' if row['exact'] else 'DIFFER'}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
