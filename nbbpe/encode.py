@@ -1072,23 +1072,23 @@ class DocumentEncoder:
 
     def _run(self, buf, doc_ends, separator, state, doc_out_ends, dtype):
         """Call the kernel until every document is done, merging the long pre-tokens it stops
-        at and letting the cache grow when it asks."""
-        n_docs = len(doc_ends)
-        # At most one id per byte, plus the separators.
-        out = state.output(len(buf) + (n_docs if separator >= 0 else 0) + 1)
+        at and letting the cache grow when it asks; then let go of the documents."""
         try:
-            return self._calls(buf, doc_ends, separator, state, doc_out_ends, dtype, out)
+            return self._calls(buf, doc_ends, separator, state, doc_out_ends, dtype)
         finally:
             if state.run_args is not None:
                 release_documents(state.run_args)
 
-    def _calls(self, buf, doc_ends, separator, state, doc_out_ends, dtype, out):
+    def _calls(self, buf, doc_ends, separator, state, doc_out_ends, dtype):
         n_docs = len(doc_ends)
+        # At most one id per byte, plus the separators.
+        out = state.output(len(buf) + (n_docs if separator >= 0 else 0) + 1)
         parts = []
         total = 0
         doc = i = 0
         while True:
-            args = self._packed(state, buf, doc_ends, doc_out_ends, out)
+            cache = state.cache.table
+            args = self._packed(state, buf, doc_ends, doc_out_ends, out, cache)
             if self._entry is None:  # the first call: through the dispatcher
                 w, doc, i, need = self.kernel(args.values, separator, total, doc, i)
                 self._entry = entry_point(self.kernel, (args.values, separator, total, doc, i))
@@ -1105,14 +1105,14 @@ class DocumentEncoder:
                 parts.append(long_piece_ids(buf, i, need, ranks, vocab).astype(dtype))
                 total += len(parts[-1])
                 i += need
-            elif need < 0:  # the table it had (another thread may have replaced it since)
-                state.make_room(state.run_holds[1])
+            elif need < 0:
+                state.make_room(cache)
 
-    def _packed(self, state: ThreadState, buf, doc_ends, doc_out_ends, out) -> PackedArrays:
+    def _packed(self, state: ThreadState, buf, doc_ends, doc_out_ends, out,
+                cache: Table) -> PackedArrays:
         """The kernel's packed arguments for these documents: the thread's, with the documents
         put in, or packed anew if the output buffer or the cache's table is not the one they
         hold."""
-        cache = state.cache.table
         args = state.run_args
         if args is None or state.run_holds[0] is not out or state.run_holds[1] is not cache:
             table, specials, ranks, _ = self.tables
