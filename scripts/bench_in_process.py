@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -30,6 +29,7 @@ if HERE not in sys.path:
 
 import bench_peers  # noqa: E402
 from bench_encode import default_corpora, documents  # noqa: E402
+from encode_breakdown import show, spread  # noqa: E402
 
 
 def one_round(tools: list[str], docs: list[str]) -> dict:
@@ -68,21 +68,13 @@ def measure(path: str, tools: list[str], rounds: int) -> dict:
         row = {"exact": exact[name]}
         for kind in ("cold", "warm"):
             speeds = [megabytes / run[name][f"{kind}_s"] for run in runs]
-            row[f"{kind}_mb_s"] = _spread(speeds)
+            row[f"{kind}_mb_s"] = spread(speeds)
             if name != "nbbpe" and "nbbpe" in tools:
-                row[f"nbbpe_ratio_{kind}"] = _spread(
+                row[f"nbbpe_ratio_{kind}"] = spread(
                     [run[name][f"{kind}_s"] / run["nbbpe"][f"{kind}_s"] for run in runs])
         rows[name] = row
     return {"corpus": path, "megabytes": megabytes, "documents": len(docs), "rounds": runs,
             "tools": rows}
-
-
-def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def _show(value: dict, digits: int) -> str:
-    return f"{value['median']:.{digits}f} ({value['min']:.{digits}f}-{value['max']:.{digits}f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         print("  tool        cold MB/s              warm MB/s              nbbpe / tool cold   "
               "nbbpe / tool warm   ids")
         for name, row in result["tools"].items():
-            ratios = ("", "") if name == "nbbpe" else (_show(row["nbbpe_ratio_cold"], 3),
-                                                       _show(row["nbbpe_ratio_warm"], 3))
-            print(f"  {name:11s} {_show(row['cold_mb_s'], 1):22s} {_show(row['warm_mb_s'], 1):22s} "
+            ratios = ("", "") if name == "nbbpe" else (show(row["nbbpe_ratio_cold"], 3),
+                                                       show(row["nbbpe_ratio_warm"], 3))
+            print(f"  {name:11s} {show(row['cold_mb_s'], 1):22s} {show(row['warm_mb_s'], 1):22s} "
                   f"{ratios[0]:19s} {ratios[1]:19s} {'exact' if row['exact'] else 'DIFFER'}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

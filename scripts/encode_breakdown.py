@@ -117,10 +117,12 @@ def cpu_alone_and_two_at_once(tok: Tokenizer, buf: np.ndarray, ends: np.ndarray)
     return alone, statistics.mean(t for t, _ in both), [ids for _, ids in both]
 
 
-def summarize(rounds: list[dict]) -> dict:
-    def spread(values):
-        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+def spread(values: list[float]) -> dict:
+    """Median, min and max of `values`, as the JSON and `show` hold them."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
+
+def summarize(rounds: list[dict]) -> dict:
     per = {
         "scan_ms": [r["scan_s"] * 1e3 for r in rounds],
         "lookups_ms": [(r["warm_s"] - r["scan_s"]) * 1e3 for r in rounds],
