@@ -1,7 +1,7 @@
 """One thread, one call per document: nbbpe and its peers alternated inside one process.
 
     python scripts/bench_in_process.py [CORPUS ...] [--tools nbbpe,gigatoken,fastokens]
-        [--rounds 7] [--cpu 1] [--json out.json]
+        [--rounds 7] [--cpu 1] [--api one|batch] [--json out.json]
 
 This machine changes speed from one minute to the next (a tool's speed in `bench_encode.py`'s
 fresh processes ranges over ±30% within a run), so ratios taken between processes minutes apart
@@ -11,6 +11,10 @@ CPU, and times a pass over the corpus's documents with a cold cache (one call pe
 alternates from round to round. nbbpe's ratio to each peer is taken within each round, seconds
 apart, and reported as its median (and range) over the rounds, beside each tool's MB/s. Every
 tool's ids are checked against the first tool's.
+
+With `--api batch`, each pass is instead one call of the tool's batch API on all the documents
+(built for one thread; the process is pinned to one CPU whatever the tool's own pool does):
+what the tools' compiled code costs without a call from Python per document.
 """
 
 from __future__ import annotations
@@ -28,36 +32,46 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import bench_peers  # noqa: E402
-from bench_encode import default_corpora, documents  # noqa: E402
+from bench_encode import default_corpora, documents, per_document  # noqa: E402
 from encode_breakdown import show, spread  # noqa: E402
 
 
-def one_round(tools: list[str], docs: list[str]) -> dict:
-    """{tool: (cold seconds, warm seconds, ids)} for one pass each, tools in the order given."""
+def one_round(tools: list[str], docs: list[str], api: str = "one") -> dict:
+    """{tool: (cold seconds, warm seconds, each document's ids)} for one pass each, tools in
+    the order given; a pass is a call per document (`api` "one") or one batch call ("batch")."""
     result = {}
     for name in tools:
         encoder = bench_peers.build(name, "gpt2", 1)
         for doc in bench_peers.WARM_UP:  # load (or compile) what the first call needs
             encoder.one(doc)
-        t0 = time.perf_counter()
-        ids = [encoder.one(doc) for doc in docs]
-        cold = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for doc in docs:
-            encoder.one(doc)
-        warm = time.perf_counter() - t0
+        if api == "batch":
+            encoder.batch(bench_peers.WARM_UP)
+            t0 = time.perf_counter()
+            ids = list(per_document(encoder.batch(docs), len(docs)))
+            cold = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            encoder.batch(docs)
+            warm = time.perf_counter() - t0
+        else:
+            t0 = time.perf_counter()
+            ids = [encoder.one(doc) for doc in docs]
+            cold = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for doc in docs:
+                encoder.one(doc)
+            warm = time.perf_counter() - t0
         result[name] = (cold, warm, ids)
     return result
 
 
-def measure(path: str, tools: list[str], rounds: int) -> dict:
+def measure(path: str, tools: list[str], rounds: int, api: str = "one") -> dict:
     docs = [doc.decode() for doc in documents(path)]
     megabytes = sum(len(doc.encode()) for doc in docs) / 1e6
     runs = []
     exact = {name: True for name in tools}
     for k in range(rounds):
         order = tools if k % 2 == 0 else tools[::-1]
-        result = one_round(order, docs)
+        result = one_round(order, docs, api)
         reference = result[tools[0]][2]
         for name in tools:
             exact[name] &= all(np.array_equal(np.asarray(a), np.asarray(b))
@@ -73,8 +87,8 @@ def measure(path: str, tools: list[str], rounds: int) -> dict:
                 row[f"nbbpe_ratio_{kind}"] = spread(
                     [run[name][f"{kind}_s"] / run["nbbpe"][f"{kind}_s"] for run in runs])
         rows[name] = row
-    return {"corpus": path, "megabytes": megabytes, "documents": len(docs), "rounds": runs,
-            "tools": rows}
+    return {"corpus": path, "megabytes": megabytes, "documents": len(docs), "api": api,
+            "rounds": runs, "tools": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tools", default="nbbpe,gigatoken,fastokens")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--cpu", type=int, default=None, help="pin to this CPU (default: the last)")
+    parser.add_argument("--api", choices=("one", "batch"), default="one",
+                        help="a call per document (default), or one batch call on all of them")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     tools = [name for name in args.tools.split(",")
@@ -92,10 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {cpus[-1] if args.cpu is None else args.cpu})
     results = []
     for path in args.corpora or default_corpora():
-        result = measure(path, tools, args.rounds)
+        result = measure(path, tools, args.rounds, args.api)
         results.append(result)
         print(f"{os.path.basename(path)}: {result['megabytes']:.2f} MB in {result['documents']:,} "
-              f"documents, GPT-2's files, 1 thread, {args.rounds} rounds")
+              f"documents, GPT-2's files, 1 thread, "
+              f"{'a call per document' if args.api == 'one' else 'one batch call'}, {args.rounds} rounds")
         print("  tool        cold MB/s              warm MB/s              nbbpe / tool cold   "
               "nbbpe / tool warm   ids")
         for name, row in result["tools"].items():

@@ -320,6 +320,52 @@ def test_bench_in_process_alternates_fresh_tools_and_checks_their_ids(tmp_path, 
     assert not json.loads(out.read_text())[0]["tools"]["tiktoken"]["exact"]
 
 
+def test_bench_in_process_batch_api_times_one_batch_call_and_checks_each_documents_ids(
+        tmp_path, monkeypatch):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text((FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:6000]
+                      + f"\n{EOT}\n" + (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:6000],
+                      encoding="utf-8")
+    script = load_script("bench_in_process")
+    build = script.bench_peers.build
+    calls = []
+
+    def counted(name, encoding, threads):
+        encoder = build(name, encoding, threads)
+        assert threads == 1
+        one, batch = encoder.one, encoder.batch
+        encoder.one = lambda doc: calls.append((name, "one")) or one(doc)
+        encoder.batch = lambda docs: calls.append((name, len(docs))) or batch(docs)
+        return encoder
+
+    monkeypatch.setattr(script.bench_peers, "build", counted)
+    out = tmp_path / "batch.json"
+    assert script.main([str(corpus), "--tools", "nbbpe,tiktoken", "--rounds", "1", "--api", "batch",
+                        "--json", str(out)]) == 0
+    [result] = json.loads(out.read_text())
+    documents = result["documents"]
+    assert result["api"] == "batch" and documents > 1
+    assert result["tools"]["nbbpe"]["exact"] and result["tools"]["tiktoken"]["exact"]
+    # Each tool: a call per warm-up text and a warm-up batch, then the timed passes, each one
+    # batch call on all the documents (nbbpe gives flat ids and offsets, tiktoken lists).
+    for name in ("nbbpe", "tiktoken"):
+        timed = [c for c in calls if c[0] == name][len(script.bench_peers.WARM_UP) + 1:]
+        assert timed == [(name, documents), (name, documents)]
+    # Documents' ids are compared one by one: a batch that moves an id across a document
+    # boundary differs.
+    def shifted(name, encoding, threads):
+        encoder = build(name, encoding, threads)
+        if name == "tiktoken":
+            batch = encoder.batch
+            encoder.batch = lambda docs: (lambda r: [r[0][:-1], [r[0][-1], *r[1]], *r[2:]])(batch(docs))
+        return encoder
+
+    monkeypatch.setattr(script.bench_peers, "build", shifted)
+    assert script.main([str(corpus), "--tools", "nbbpe,tiktoken", "--rounds", "1", "--api", "batch",
+                        "--json", str(out)]) == 0
+    assert not json.loads(out.read_text())[0]["tools"]["tiktoken"]["exact"]
+
+
 def test_bench_short_texts_times_each_call_and_checks_the_ids(tmp_path, capsys):
     out = tmp_path / "short.json"
     assert load_script("bench_short_texts").main([
