@@ -363,21 +363,23 @@ def test_next_special_finds_the_first_occurrence(tokens):
         assert (int(got[0]), int(got[1])) == reference_next_special(data, i, end, encoded), (data, i, end)
 
 
-def scalar_starts(family, buf):
-    """Where the family's scanner starts pre-tokens in the text `buf` (its end included)."""
+def scalar_starts(family, buf, stop=None):
+    """Where the family's scanner starts pre-tokens in the text buf[:stop] (its end included)."""
     scanner, _, class_table = BLOCK_SCANNERS[family]
     table = class_table()
+    stop = buf.size if stop is None else stop
     starts = [0]
-    while starts[-1] < buf.size:
-        starts.append(scanner(buf, table, starts[-1], buf.size))
+    while starts[-1] < stop:
+        starts.append(scanner(buf, table, starts[-1], stop))
     return np.array(starts, dtype=np.int64)
 
 
-def expected_block_bits(buf, starts, p):
-    """What the block scanners promise at the pre-token start p: the starts in buf[p + 1:p + n - 2]
-    where buf[p:p + n] is ASCII (n <= 64), except those inside a whitespace run reaching byte
-    p + n - 1 (what follows the run decides how it is cut), as bits of a uint64."""
-    block = bytes(buf[p:p + 64])
+def expected_block_bits(buf, starts, p, stop):
+    """What the block scanners promise at the pre-token start p of the text buf[:stop]: the
+    starts in buf[p + 1:p + n - 2] where buf[p:p + n] is ASCII and in the text (n <= 64), except
+    those inside a whitespace run reaching byte p + n - 1 (what follows the run decides how it is
+    cut), as bits of a uint64."""
+    block = bytes(buf[p:min(p + 64, stop)])
     n = next((k for k, byte in enumerate(block) if byte >= 0x80), len(block))
     run = len(block[:n].rstrip(ASCII_WHITESPACE))  # where a trailing whitespace run starts
     last = n - 3 if run == n else min(n - 3, run)  # the last bit that may be set
@@ -385,20 +387,22 @@ def expected_block_bits(buf, starts, p):
     return sum(1 << int(k) for k in found - p)
 
 
-def assert_blocks_match_scanner(family, text):
-    """At every pre-token start p with p + 64 <= len, the block scanner's bits are the expected
-    ones; returns how many blocks gave starts."""
+def assert_blocks_match_scanner(family, text, after=""):
+    """At every pre-token start p of `text` with 64 bytes from p in the buffer (`text`, then
+    `after`: what follows the text's end, which the block scanner reads but must not use), the
+    block scanner's bits are the expected ones; returns how many blocks gave starts."""
     _, block_scanner, class_table = BLOCK_SCANNERS[family]
     table = class_table()
-    buf = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-    starts = scalar_starts(family, buf)
+    stop = len(text.encode("utf-8"))
+    buf = np.frombuffer((text + after).encode("utf-8"), dtype=np.uint8)
+    starts = scalar_starts(family, buf, stop)
     handled = 0
-    for p in starts[starts + 64 <= buf.size]:
-        got = int(block_scanner(buf, table, p))
-        want = expected_block_bits(buf, starts, p)
+    for p in starts[(starts + 64 <= buf.size) & (starts < stop)]:
+        got = int(block_scanner(buf, table, p, stop))
+        want = expected_block_bits(buf, starts, p, stop)
         if got != want:
-            pytest.fail(f"{family} block at {p} {bytes(buf[p:p + 64])!r}: bits "
-                        f"{[k for k in range(64) if got >> k & 1]}, the scanner's "
+            pytest.fail(f"{family} block at {p} {bytes(buf[p:p + 64])!r}, text ending at "
+                        f"{stop}: bits {[k for k in range(64) if got >> k & 1]}, the scanner's "
                         f"{[k for k in range(64) if want >> k & 1]}")
         handled += got != 0
     return handled
@@ -433,6 +437,50 @@ def test_block_scanners_match_their_scanners_on_long_random_texts(family):
 def test_block_scanners_on_chosen_texts(family, text):
     # Blocks of one class, or cut at their end, give no start: the expected bits are 0 then.
     assert_blocks_match_scanner(family, text)
+
+
+@settings(max_examples=100)
+@given(texts=st.lists(ascii_heavy_texts, min_size=2, max_size=4),
+       gaps=st.lists(st.sampled_from(["", "<|endoftext|>", "x", " ", "\n", "1", "'s", "ll"]),
+                     min_size=4, max_size=4))
+def test_long_segments_are_each_matched_as_a_text_of_their_own(texts, gaps):
+    # Segments long enough that the block scanners cut them, their last 64 bytes included (the
+    # buffer goes on after all but the last): nothing after a segment's end changes its spans.
+    for name in PATTERNS:
+        buf = b""
+        segments = []
+        for text, gap in zip(texts, gaps):
+            start = len(buf)
+            buf += text.encode("utf-8")
+            segments.append((start, len(buf)))
+            buf += gap.encode("utf-8")
+        want = [regex_spans(name, text) + start for text, (start, _) in zip(texts, segments)]
+        got = scan_spans(FAMILY_OF[name], buf, segments)
+        np.testing.assert_array_equal(got, np.concatenate(want).reshape(-1, 2), name)
+
+
+# What follows a text in a buffer: the next document, a special token, more of the same classes.
+AFTER_TEXTS = ["x" * 64, " " * 64, "\n" * 64, "1" * 64, "'s" * 32, "<|endoftext|>" + "a b " * 13,
+               "\u00e9" * 32, "!" * 64, "ll" * 32, " \n" * 32]
+
+
+@settings(max_examples=200)
+@given(text=ascii_heavy_texts, after=st.sampled_from(AFTER_TEXTS))
+def test_block_scanners_do_not_look_past_the_end_of_the_text(text, after):
+    # The last 64 bytes of a text of a batch are cut a block at a time too: the buffer goes on
+    # after the text, and whatever it holds, the bits are those of the text alone.
+    for family in BLOCK_SCANNERS:
+        assert_blocks_match_scanner(family, text, after)
+
+
+@pytest.mark.parametrize("family", BLOCK_SCANNERS)
+@pytest.mark.parametrize("text", ["ab " * 20 + "cd  ", "word's" * 11, "x" * 10 + "  \n  ",
+                                  "12345" * 13, "a \r\n" * 16, "don't" * 12 + "'", "hi" * 31 + "'"])
+@pytest.mark.parametrize("after", ["s", " x", "\n", "ll", "9", "\u00e9"])
+def test_block_scanners_at_the_end_of_chosen_texts(family, text, after):
+    # Texts ending in a run (of whitespace, letters, numbers), in an apostrophe or inside a
+    # contraction, followed by what would join or cut that run if it were read.
+    assert_blocks_match_scanner(family, text, after * 64)
 
 
 @pytest.mark.parametrize("family", BLOCK_SCANNERS)

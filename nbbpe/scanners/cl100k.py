@@ -277,16 +277,18 @@ def _digit_starts(numbers):
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def cl100k_block_boundaries(buf, table, p):
+def cl100k_block_boundaries(buf, table, p, stop):
     """Where pre-tokens start in buf[p + 1:p + 62], as bits 1..61 of a uint64, for a pre-token
-    starting at p; the caller ensures p + 64 <= stop. `table` is not read (`class_table()` checks
-    that ASCII's classes are the ones assumed here).
+    starting at p in a text that ends at `stop`; the caller ensures p + 64 <= len(buf) (bytes
+    from `stop` on count as not ASCII: `classes.past_the_end`). `table` is not read
+    (`class_table()` checks that ASCII's classes are the ones assumed here).
 
     Only the starts that ASCII decides are given: with buf[p:p + n] ASCII (n = 64 for a block of
-    ASCII, else where the first non-ASCII character starts), those at bits 1..n - 3, less those
-    inside a whitespace run that reaches bit n - 1 (what follows decides how such a run is cut:
-    another newline, the end of the text for `\\s++$`, a non-ASCII space). 0 if none is left
-    (n < 4, a block of whitespace or of one word, ...): the caller then scans one pre-token.
+    ASCII, else where the first non-ASCII character, or the end of the text, is), those at bits
+    1..n - 3, less those inside a whitespace run that reaches bit n - 1 (what follows decides how
+    such a run is cut: another newline, the end of the text for `\\s++$`, a non-ASCII space). 0
+    if none is left (n < 4, a block of whitespace or of one word, ...): the caller then scans one
+    pre-token.
 
     The rules above as bit masks over the bytes (bit k for buf[p + k]; L letters, N numbers,
     W whitespace other than \\r\\n, C \\r or \\n, O other, B U+0020). Pre-tokens start at k where
@@ -306,7 +308,8 @@ def cl100k_block_boundaries(buf, table, p):
     bits given. Bytes before p are never read: that p starts a pre-token stands in for them (an
     O at p joins the letters after it, numbers from p are cut in threes from p).
     """
-    n, upper, lower, numbers, whitespace, blanks, newlines, apostrophes, _ = ascii_prefix(buf, p)
+    n, upper, lower, numbers, whitespace, blanks, newlines, apostrophes, _ = ascii_prefix(buf, p,
+                                                                                        stop)
     if n < MIN_ASCII:
         return np.uint64(0)  # the caller scans one pre-token at a time
     letters = upper | lower

@@ -214,19 +214,31 @@ def byte_mask(typingctx, buf, p, byte):
     return types.uint64(buf, p, byte), codegen
 
 
-# A block whose first n < MIN_ASCII bytes are ASCII decides no pre-token start at bits 1..n - 3
-# (the block scanners then return 0: the caller scans one pre-token at a time).
+# A block whose first n < MIN_ASCII bytes are ASCII (and in the text) decides no pre-token start
+# at bits 1..n - 3 (the block scanners then return 0: the caller scans one pre-token at a time).
 MIN_ASCII = 4
 
 
 @njit(inline="always")
-def ascii_prefix(buf, p):
+def past_the_end(non_ascii, p, stop):
+    """`ascii_block`'s `non_ascii` mask of buf[p:p + 64] with the bytes from `stop` on (past the
+    end of the text: the next document, a special token) set too. A block scanner then decides
+    only the starts that the text's own bytes decide, as before a non-ASCII character, so a
+    text's last 64 bytes are cut a block at a time too when the buffer goes on after it."""
+    if stop - p < 64:
+        non_ascii |= ~((np.uint64(1) << np.uint64(stop - p)) - np.uint64(1))
+    return non_ascii
+
+
+@njit(inline="always")
+def ascii_prefix(buf, p, stop):
     """(n, masks): `ascii_block`'s masks of buf[p:p + 64] but `non_ascii`, where the block is
     ASCII up to byte n (64 for all of it) and the bytes from n on have no class bit (they count
     as "other"): what the block scanners cut, each deciding only the starts that bytes below n
-    decide."""
+    decide. The text ends at `stop`: the bytes from there on count as not ASCII."""
     non_ascii, upper, lower, digits, whitespace, blanks, newlines, apostrophes, slashes = (
         ascii_block(buf, p))
+    non_ascii = past_the_end(non_ascii, p, stop)
     n = np.int64(64)
     if non_ascii:
         n = np.int64(trailing_zeros(non_ascii))

@@ -26,7 +26,8 @@ from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 from .. import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
-from .classes import LETTER, MIN_ASCII, NUMBER, SPACE, ascii_block, char_flags, entry_at
+from .classes import (LETTER, MIN_ASCII, NUMBER, SPACE, ascii_block, char_flags, entry_at,
+                      past_the_end)
 from .spans import scan_segments
 
 OTHER_CLASS, LETTER_CLASS, NUMBER_CLASS, SPACE_CLASS = 0, 1, 2, 3
@@ -108,13 +109,14 @@ def _check_ascii_classes(table) -> None:
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def gpt2_block_boundaries(buf, table, p):
+def gpt2_block_boundaries(buf, table, p, stop):
     """Where pre-tokens start in buf[p + 1:p + 62], as bits 1..61 of a uint64, for a pre-token
-    starting at p; the caller ensures p + 64 <= stop.
+    starting at p in a text that ends at `stop`; the caller ensures p + 64 <= len(buf) (the
+    bytes from `stop` on are read but count as not ASCII: see `classes.past_the_end`).
 
     Only the starts that ASCII decides: with buf[p:p + n] ASCII (n = 64 for a block of ASCII,
-    else where the first non-ASCII character starts), those at bits 1..n - 3; 0 if there are
-    none (the caller then scans one pre-token). The rules above as bit masks over the bytes
+    else where the first non-ASCII character, or the end of the text, is), those at bits
+    1..n - 3; 0 if there are none (the caller then scans one pre-token). The rules above as bit masks over the bytes
     (bit k for buf[p + k]), so a block of ASCII text is cut without a branch per pre-token: a
     pre-token starts at k where
     - k is whitespace and k - 1 is not (a run starts), or k + 1 is not (the run's last character
@@ -124,6 +126,7 @@ def gpt2_block_boundaries(buf, table, p):
     So bit k depends on bytes k - 1..k + 2: bytes below n for the bits given.
     """
     non_ascii, upper, lower, numbers, spaces, blanks, _, apostrophes, _ = ascii_block(buf, p)
+    non_ascii = past_the_end(non_ascii, p, stop)
     one = np.uint64(1)
     n = np.uint64(64)
     if non_ascii:  # unlike cl100k's and o200k's rules, these need no masking beyond n

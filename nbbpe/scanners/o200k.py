@@ -193,11 +193,13 @@ def o200k_pretoken_end(buf, table, i, stop):
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def o200k_block_boundaries(buf, table, p):
+def o200k_block_boundaries(buf, table, p, stop):
     """Where pre-tokens start in buf[p + 1:p + 62], as bits 1..61 of a uint64, for a pre-token
-    starting at p; the caller ensures p + 64 <= stop. As `cl100k.cl100k_block_boundaries`, only
-    the starts that ASCII decides: with buf[p:p + n] ASCII, those at bits 1..n - 3 less those
-    inside a whitespace run that reaches bit n - 1; 0 if none is left.
+    starting at p in a text that ends at `stop`; the caller ensures p + 64 <= len(buf) (bytes
+    from `stop` on count as not ASCII: `classes.past_the_end`). As
+    `cl100k.cl100k_block_boundaries`, only the starts that ASCII decides: with buf[p:p + n]
+    ASCII, those at bits 1..n - 3 less those inside a whitespace run that reaches bit n - 1; 0
+    if none is left.
 
     In ASCII, UPPER is A-Z and LOWER a-z, so a word is a run of upper-case letters then one of
     lower-case letters (W1, W3), and the rules become bit masks over the bytes (bit k for
@@ -214,7 +216,7 @@ def o200k_block_boundaries(buf, table, p):
     The suffix makes bit k depend on bytes up to k + 2, hence bits up to n - 3 only.
     """
     n, upper, lower, numbers, whitespace, blanks, newlines, apostrophes, slashes = (
-        ascii_prefix(buf, p))
+        ascii_prefix(buf, p, stop))
     if n < MIN_ASCII:
         return np.uint64(0)  # the caller scans one pre-token at a time
     one = np.uint64(1)

@@ -2,9 +2,9 @@
 and encoding kernels consume), or all of them as spans (what the tests compare with `regex`).
 
 A family has a scanner, `end = scanner(buf, table, i, stop)`, and optionally a block scanner,
-`bits = block_scanner(buf, table, i)`, which cuts the 64 bytes from a pre-token start at once
-(bit k set: a pre-token starts at i + k, for k in 1..61) or returns 0 where it cannot (e.g. not
-ASCII). The functions taking scanners are
+`bits = block_scanner(buf, table, i, stop)`, which cuts the 64 bytes from a pre-token start at
+once (bit k set: a pre-token starts at i + k, for k in 1..61) or returns 0 where it cannot (e.g.
+not ASCII); it reads 64 bytes of `buf` even past `stop`, but decides only from the text's. The functions taking scanners are
 inlined (at Numba IR level) into each family's own kernels: the scanner arguments are then
 constants the compiled code never needs, so those kernels can be cached (a dispatcher passed
 at run time would be a process-specific address, which Numba refuses to cache).
@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from .classes import uindex
+from .classes import MIN_ASCII, uindex
 
 BLOCK = 64  # bytes a block scanner looks at
 WINDOW = 256  # pre-tokens found per `scan_window` call
@@ -32,7 +32,12 @@ def scan_window(scanner, block_scanner, buf, table, i, stop, ends):
     while i < stop and k < limit:
         bits = np.uint64(0)
         if i + BLOCK <= stop:
-            bits = block_scanner(buf, table, i)
+            bits = block_scanner(buf, table, i, stop)
+        elif i + BLOCK <= buf.shape[0] and stop - i >= MIN_ASCII:
+            # A block may run past the text's end (into the next document, a special token) if
+            # it is in `buf`: the block scanner does not look past `stop`. So a text's last 64
+            # bytes are cut a block at a time too (a TinyStories document has 843).
+            bits = block_scanner(buf, table, i, stop)
         if bits:
             base = i
             while bits:
