@@ -755,6 +755,19 @@ def test_a_batch_on_threads_with_a_custom_pattern(gpt2_files):
         assert tok.encode_batch(documents, num_threads=threads) == want
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_batch_of_ascii_other_text_lone_surrogates_and_str_subclasses(gpt2, threads):
+    # A group of ASCII texts is joined and copied; other groups are encoded text by text, and one
+    # holding a lone surrogate has it replaced as encode does (U+FFFD, pairs joined). NumPy's
+    # str_ (what iterating an array of str gives) is a str.
+    batch = ["plain ASCII text", "caf\u00e9 \u4e2d\u6587", "lone \ud800 high", "pair \ud83d\ude00 ok",
+             np.str_("a subclass of str"), ""]
+    want = [gpt2.encode(str(text)) for text in batch]
+    assert gpt2.encode_batch(batch, num_threads=threads) == want
+    assert gpt2.encode_batch(batch[:1] + batch[4:], num_threads=threads) == want[:1] + want[4:]
+    assert gpt2.decode(want[2]) == "lone \ufffd high"
+
+
 def test_encode_batch_rejects_a_single_string(gpt2):
     with pytest.raises(TypeError, match="not a single str"):
         gpt2.encode_batch("text")
