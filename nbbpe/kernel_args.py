@@ -20,7 +20,9 @@ compile all of it again with the caller (seconds, for an encode kernel).
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
@@ -125,6 +127,24 @@ def data_address(typingctx, array):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         return builder.ptrtoint(data, context.get_value_type(types.int64))
     return types.int64(array), codegen
+
+
+@intrinsic
+def copy_bytes(typingctx, to_address, from_address, count):
+    """Copy `count` bytes from address `from_address` to `to_address` (a `memcpy`)."""
+    if not all(isinstance(t, types.Integer) for t in (to_address, from_address, count)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        byte_pointer = ir.IntType(8).as_pointer()
+        i64 = ir.IntType(64)
+        to, source, n = (context.cast(builder, a, t, types.int64)
+                         for a, t in zip(args, signature.args))
+        cgutils.raw_memcpy(builder, builder.inttoptr(to, byte_pointer),
+                           builder.inttoptr(source, byte_pointer), n, i64(1))
+        return context.get_dummy_value()
+
+    return types.void(to_address, from_address, count), codegen
 
 
 def call_at(signature):

@@ -22,8 +22,8 @@ from nbbpe.encode import (
     repack_documents,
 )
 from nbbpe.encode_tables import SharedCache, new_table
-from nbbpe.kernel_args import (PackedArrays, address, array_at, call_at, data_address,
-                               readonly_array_at)
+from nbbpe.kernel_args import (PackedArrays, address, array_at, call_at, copy_bytes,
+                               data_address, readonly_array_at)
 from nbbpe.kernel_cache import native_address
 from nbbpe.scanners.specials import make_specials
 
@@ -187,3 +187,16 @@ def test_data_address_is_where_the_bytes_or_array_are():
     assert _address_of(data) == address(np.frombuffer(data, dtype=np.uint8))
     array = np.arange(5, dtype=np.int32)[1:]
     assert _address_of(array) == address(array)
+
+
+@njit
+def _copy_into(to, data, n):
+    copy_bytes(data_address(to), data_address(data), n)
+
+
+def test_copy_bytes_copies_that_many_bytes_and_no_more():
+    to = np.full(12, 7, dtype=np.uint8)
+    _copy_into(to, b"abcdefgh", 5)
+    assert bytes(to) == b"abcde" + bytes([7] * 7)
+    _copy_into(to, b"xyz", 0)
+    assert bytes(to[:5]) == b"abcde"

@@ -830,6 +830,19 @@ def test_the_short_path_calls_the_kernel_at_its_address_and_falls_back_the_long_
             assert without._thread_state().text_call is None
 
 
+@settings(max_examples=100)
+@given(texts, st.sampled_from(["x", "s", "ll", " x", "1", "\u0301", "\n", " ", "'s", EOT]))
+def test_a_text_after_a_longer_one_on_the_short_path(gpt2, tiktoken_gpt2, text, after):
+    # The short path copies each text into the thread's buffer, over what a longer text left
+    # there, and lets the kernel read past the text's end (the block scanners, two-word keys):
+    # the ids are the text's alone.
+    gpt2.encode("warm-up: the second text on takes the short path")
+    gpt2.encode(text + after * 40)
+    assert gpt2._thread_state().text_call is not None
+    assert gpt2.encode(text) == gpt2.encode_to_numpy(text).tolist() == tiktoken_gpt2.encode(
+        text, allowed_special="all")
+
+
 def test_encode_gives_a_list_of_python_ints_on_the_short_path_and_the_long(gpt2_files,
                                                                            tiktoken_gpt2):
     # `encode` turns the kernel's ids into a list itself (no array of the tokenizer's dtype in
