@@ -505,14 +505,21 @@ def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
 
 
 def pack_encode_args(buf, table, doc_ends, doc_out_ends, scratch, out, specials: Specials,
-                     ranks: Ranks, cache: Table) -> PackedArrays:
+                     ranks: Ranks, cache: Table, text_buffer=None) -> PackedArrays:
     """The arrays and tables an encode kernel reads, packed as `encode_args` unpacks them: `buf`
     (UTF-8) uint8, the family's class table (of the kernel's `table_dtype`), `doc_ends`,
-    `doc_out_ends` and `scratch` int64, `out` int32."""
+    `doc_out_ends` and `scratch` int64, `out` int32. For the short path (`encode_text_at`),
+    `text_buffer` (uint8, `COPY_UP_TO` + `TEXT_PAD` bytes) after them, at `TEXT_BUFFER_AT`."""
     dtypes = (buf.dtype, doc_ends.dtype, doc_out_ends.dtype, scratch.dtype, out.dtype)
     if dtypes != _ENCODE_ARG_TYPES:
         raise TypeError(f"encode kernel arguments of dtypes {dtypes}, not {_ENCODE_ARG_TYPES}")
-    return PackedArrays(buf, table, doc_ends, doc_out_ends, scratch, out, specials, ranks, cache)
+    items = (buf, table, doc_ends, doc_out_ends, scratch, out, specials, ranks, cache)
+    if text_buffer is None:
+        return PackedArrays(*items)
+    if text_buffer.dtype != np.uint8 or len(text_buffer) < COPY_UP_TO + TEXT_PAD:
+        raise ValueError(f"a text buffer of uint8 and at least {COPY_UP_TO + TEXT_PAD} bytes, "
+                         f"not {text_buffer.dtype} and {len(text_buffer)}")
+    return PackedArrays(*items, text_buffer)
 
 
 _ENCODE_ARG_TYPES = tuple(np.dtype(t) for t in (np.uint8, np.int64, np.int64, np.int64, np.int32))
@@ -556,6 +563,7 @@ SPECIALS_AT = 12
 RANKS_AT = SPECIALS_AT + SPECIALS_ITEMS
 CACHE_AT = RANKS_AT + RANKS_ITEMS
 ENCODE_ARG_ITEMS = CACHE_AT + TABLE_ITEMS
+TEXT_BUFFER_AT = ENCODE_ARG_ITEMS  # the short path's text buffer, after what the kernel reads
 
 
 @njit(inline="always")  # into each family's kernel, as `spans.scan_window`
@@ -696,26 +704,35 @@ _call_kernel_at = call_at(KERNEL_SIGNATURE)
 def encode_text_at(data, values, kernel):
     """The short path's one call (`DocumentEncoder.encode_text`): the encode kernel whose
     machine code is at address `kernel`, on one text, `data` (bytes), with the other arguments
-    packed in `values`. Returns the ids written to the packed output, or -1 if the kernel stopped
-    before the end (or raised): then encode the text the long way. One call from Python, whose
-    bytes argument unboxes faster than an array, in place of setting the text's end and
-    unboxing the kernel's five arguments and result.
+    packed in `values` (`pack_encode_args` with the thread's text buffer). Returns the ids
+    written to the packed output, or -1 if the kernel stopped before the end (or raised): then
+    encode the text the long way. One call from Python, whose bytes argument unboxes faster
+    than an array, in place of setting the text's end and unboxing the kernel's five arguments
+    and result.
 
-    The text is copied into the thread's text buffer (packed as the text, with `TEXT_PAD` bytes
-    of room after the longest text it takes), and the kernel told the buffer goes on for those
-    bytes past the text's end: so it cuts the text's last 64 bytes a block at a time and loads
-    the keys of its last pre-tokens two words at a time, as in a batch. A copy costs less than
-    those bytes scanned one pre-token at a time (about 0.1 µs of a TinyStories document)."""
+    A text of up to `COPY_UP_TO` bytes is copied into the text buffer, which the kernel is told
+    goes on `TEXT_PAD` bytes past the text's end: so it cuts the text's last 64 bytes a block at
+    a time and keys its last pre-tokens with two loads, as in a batch (the copy costs less than
+    those bytes scanned one pre-token at a time: TinyStories' documents of 843 bytes 1.04-1.05x,
+    texts of 3-9 bytes 1.03-1.07x). A longer text is read where it is."""
     n = len(data)
-    copy_bytes(values[TEXT_AT], data_address(data), n)
-    values[TEXT_AT + 1] = n + TEXT_PAD  # the buffer the kernel sees: the text, then the pad
+    if n <= COPY_UP_TO:
+        copy_bytes(values[TEXT_BUFFER_AT], data_address(data), n)
+        values[TEXT_AT] = values[TEXT_BUFFER_AT]
+        values[TEXT_AT + 1] = n + TEXT_PAD  # the buffer the kernel sees: the text, then the pad
+    else:
+        values[TEXT_AT] = data_address(data)
+        values[TEXT_AT + 1] = n
     array_at(values, DOC_ENDS_AT, np.int64)[0] = n  # where its only document ends
     ok, (w, doc, _, _) = _call_kernel_at(kernel, (values, -1, 0, 0, 0))
     return w if ok and doc == 1 else -1
 
 
-# Bytes after a text in the short path's buffer, which the kernel may read but does not use: a
-# block (the block scanners read 64 bytes from a pre-token's start; `_prepare_window` 16).
+# The short path copies texts of up to this many bytes (at ~20 GB/s, a copy of 2 KB costs about
+# what scanning 64 bytes one pre-token at a time does) into a buffer with `TEXT_PAD` bytes after
+# them, which the kernel may read but does not use: a block (the block scanners read 64 bytes
+# from a pre-token's start; `_prepare_window` 16).
+COPY_UP_TO = 2048
 TEXT_PAD = BLOCK
 
 
@@ -956,7 +973,7 @@ class ThreadState:
         self.text_args: PackedArrays | None = None
         self.text_values = None  # text_args.values
         self.text_room = 0
-        self.text_buffer = _NO_TEXT  # a text is copied here: text_room + TEXT_PAD bytes
+        self.text_buffer = np.zeros(COPY_UP_TO + TEXT_PAD, dtype=np.uint8)  # see encode_text_at
         # The other calls' packed arguments (`DocumentEncoder._packed`), and the output buffer
         # and cache table they hold.
         self.run_args: PackedArrays | None = None
@@ -981,7 +998,7 @@ class ThreadState:
 _OUT_ITEMS = 1 << 22  # ids per kernel call at most (16 MB)
 _TEXT_ROOM = 1 << 16  # ids the short path's output buffer has room for at least
 _UINT8 = np.dtype(np.uint8)
-_NO_TEXT = np.empty(0, dtype=np.uint8)  # a thread's text buffer until the short path is ready
+_NO_TEXT = np.empty(0, dtype=np.uint8)  # packed in the short path's place of the text
 _AFTER_FIRST_TEXT = object()  # `DocumentEncoder._text_entry` once a first text is encoded
 _frombuffer = np.frombuffer
 
@@ -1056,14 +1073,11 @@ class DocumentEncoder:
             return
         table, specials, ranks, _ = self.tables
         out = state.output(max(length, _TEXT_ROOM) + 1)
-        room = len(out) - SPARE_IDS  # the ids of a shorter text fit
-        if len(state.text_buffer) < room + TEXT_PAD:
-            state.text_buffer = np.zeros(room + TEXT_PAD, dtype=np.uint8)
-        state.text_args = pack_encode_args(state.text_buffer, table, state.doc_end,
-                                           state.doc_out_end, state.scratch, out, specials, ranks,
-                                           state.cache.table)
+        state.text_args = pack_encode_args(_NO_TEXT, table, state.doc_end, state.doc_out_end,
+                                           state.scratch, out, specials, ranks, state.cache.table,
+                                           state.text_buffer)
         state.text_values = state.text_args.values
-        state.text_room = room
+        state.text_room = len(out) - SPARE_IDS  # the ids of a shorter text fit
         state.text_call, state.text_kernel = self._text_entry
 
     def _text_call(self):

@@ -8,12 +8,15 @@ import pytest
 from numba import njit, typeof, types
 
 from nbbpe.encode import (
+    COPY_UP_TO,
     DOC_ENDS_AT,
     DOC_OUT_ENDS_AT,
     ENCODE_ARG_ITEMS,
     RANKS,
     SPECIALS_AT,
     TEXT_AT,
+    TEXT_BUFFER_AT,
+    TEXT_PAD,
     _no_merges,
     encode_args,
     new_scratch,
@@ -118,6 +121,16 @@ def test_wrong_arrays_are_refused_before_any_kernel_sees_them():
     with pytest.raises(ValueError, match="contiguous"):
         pack_encode_args(**{**good, "buf": np.zeros(8, np.uint8)[::2]}, specials=specials,
                          ranks=ranks, cache=cache)
+    # The short path's text buffer goes after the rest, and has room for a text and its pad.
+    buffer = np.zeros(COPY_UP_TO + TEXT_PAD, np.uint8)
+    packed = pack_encode_args(**good, specials=specials, ranks=ranks, cache=cache,
+                              text_buffer=buffer)
+    assert len(packed.values) == ENCODE_ARG_ITEMS + 2
+    assert packed.values[TEXT_BUFFER_AT] == address(buffer)
+    for small in (np.zeros(COPY_UP_TO, np.uint8), np.zeros(COPY_UP_TO + TEXT_PAD, np.int8)):
+        with pytest.raises(ValueError, match="text buffer"):
+            pack_encode_args(**good, specials=specials, ranks=ranks, cache=cache,
+                             text_buffer=small)
 
 
 def test_documents_put_in_packed_arguments_replace_the_old_and_are_let_go():

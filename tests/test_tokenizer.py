@@ -807,7 +807,9 @@ def test_the_short_path_calls_the_kernel_at_its_address_and_falls_back_the_long_
     # or a call that compiles (another Numba), every text goes the long way. The ids are
     # tiktoken's either way.
     texts = ["Hello you", "", "x" * 5000 + " end", "Héllo wörld 😀 " * 3, read("corpus.en") * 4,
-             "Hello again", " " * 300 + "tail"]
+             "Hello again", " " * 300 + "tail", read("web_sample.txt").replace(EOT, "")[:3000],
+             "Hello  "]
+    assert len(texts[-2].encode()) > encode.COPY_UP_TO  # read where it is, not copied
     tokenizer = Tokenizer(*gpt2_files, [EOT])
     assert tokenizer.encode("one text") == tiktoken_gpt2.encode_ordinary("one text")
     assert tokenizer._thread_state().text_call is None  # readied for a second text, not a first
