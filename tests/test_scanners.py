@@ -112,6 +112,19 @@ def scan_spans(family, buf, segments):
     return np.stack([starts[:n], ends[:n]], axis=1)
 
 
+def text_segments(texts, gaps):
+    """(UTF-8 buffer, (start, end) of each text in it): the texts in order, each followed by its
+    gap (what lies between segments, e.g. a special token)."""
+    buf = b""
+    segments = []
+    for text, gap in zip(texts, gaps):
+        start = len(buf)
+        buf += text.encode("utf-8")
+        segments.append((start, len(buf)))
+        buf += gap.encode("utf-8")
+    return buf, segments
+
+
 def assert_scan_matches_regex(name, text):
     buf = text.encode("utf-8")
     got = scan_spans(FAMILY_OF[name], buf, [(0, len(buf))])
@@ -200,13 +213,7 @@ def test_contraction_letters_in_every_position():
 def test_segments_are_each_matched_as_a_text_of_their_own(texts, gaps):
     # What lies between segments (here `gaps`, e.g. a special token) is never looked at: the
     # end of a segment is the end of its text for `$`, lookaheads and possessive quantifiers.
-    buf = b""
-    segments = []
-    for text, gap in zip(texts, gaps):
-        start = len(buf)
-        buf += text.encode("utf-8")
-        segments.append((start, len(buf)))
-        buf += gap.encode("utf-8")
+    buf, segments = text_segments(texts, gaps)
     for family in FAMILIES:
         want = [regex_spans(family, text) + start for text, (start, _) in zip(texts, segments)]
         got = scan_spans(family, buf, segments)
@@ -446,14 +453,8 @@ def test_block_scanners_on_chosen_texts(family, text):
 def test_long_segments_are_each_matched_as_a_text_of_their_own(texts, gaps):
     # Segments long enough that the block scanners cut them, their last 64 bytes included (the
     # buffer goes on after all but the last): nothing after a segment's end changes its spans.
+    buf, segments = text_segments(texts, gaps)
     for name in PATTERNS:
-        buf = b""
-        segments = []
-        for text, gap in zip(texts, gaps):
-            start = len(buf)
-            buf += text.encode("utf-8")
-            segments.append((start, len(buf)))
-            buf += gap.encode("utf-8")
         want = [regex_spans(name, text) + start for text, (start, _) in zip(texts, segments)]
         got = scan_spans(FAMILY_OF[name], buf, segments)
         np.testing.assert_array_equal(got, np.concatenate(want).reshape(-1, 2), name)
