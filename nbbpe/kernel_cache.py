@@ -211,7 +211,12 @@ def announce_compiling() -> None:
 
 class compile_elsewhere:
     """`python -c <code>` in a child process that compiles kernels into the cache; `wait()`
-    before using them. A no-op object if `needed` is false."""
+    before using them. A no-op object if `needed` is false.
+
+    The child imports from this process's `sys.path`: `python -c` would put the working
+    directory first, and from a directory holding another copy of nbbpe (a checkout, with nbbpe
+    installed elsewhere) it would compile that copy's kernels, into another cache, while this
+    process compiled its own again."""
 
     def __init__(self, code: str, needed: bool = True):
         self._process = None
@@ -222,6 +227,7 @@ class compile_elsewhere:
                 # gc.freeze: the process ends next, and collecting the objects Numba made
                 # while compiling would take ~0.2 s more of the wait for it.
                 self._process = subprocess.Popen([sys.executable, "-c",
+                                                  f"import sys\nsys.path[:] = {sys.path!r}\n"
                                                   f"{code}\nimport gc\ngc.freeze()"], env=env,
                                                  stdout=subprocess.DEVNULL,
                                                  stderr=subprocess.DEVNULL)

@@ -110,3 +110,17 @@ def test_a_kernel_another_process_is_compiling_is_waited_for_and_loaded(tmp_path
     hits, misses = map(int, user.stdout.readline().split())
     assert (hits, misses) == (1, 0)  # loaded, not compiled
     assert holder.wait(timeout=60) == 0 and user.wait(timeout=60) == 0
+
+
+def test_the_compiling_child_imports_the_nbbpe_of_this_process(tmp_path, monkeypatch):
+    # From a directory holding another copy of nbbpe, `python -c` alone would import that copy
+    # and compile its kernels, which this process would then compile again.
+    import nbbpe
+
+    (tmp_path / "nbbpe").mkdir()
+    (tmp_path / "nbbpe" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    imported = tmp_path / "imported.txt"
+    kernel_cache.compile_elsewhere(
+        f"import nbbpe\nopen({str(imported)!r}, 'w').write(nbbpe.__file__)").wait()
+    assert imported.read_text() == nbbpe.__file__
