@@ -23,9 +23,17 @@ on one thread, `--repeat` times with a freshly built tokenizer (GPT-2's files, o
   the memory). Thread CPU time, not wall time: a machine that is slower for a moment, or a
   thread not scheduled, does not count.
 
+- alone: the merge loop alone (`_merge_rounds`, or `_merge_leftmost` for rank files) on each
+  new pre-token once, back to back, outside the pass: its bytes to ids, nothing looked up or
+  stored. The pre-tokens are those of the corpus that are not tokens and that the scanner, given
+  one alone, finds whole (nearly all), and their ids are checked against `encode_utf8`'s. Then
+  the same by length (2-16, 17-32, 33-64, 65-256 bytes): how many, and their share of the time.
+
 Derived, as medians over the repeats (ranges in brackets): lookups = warm - scan (looking the
 pre-tokens up and writing their ids out), merging = cold - warm, and merging / learned, what a
-new pre-token costs. The README quotes these figures.
+new pre-token costs in the pass, next to what merging one costs alone (the gap is what the pass
+adds: the miss, the store, and the merge's lookups finding the rank tables out of the caches).
+The README quotes these figures.
 """
 
 from __future__ import annotations
@@ -45,7 +53,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_peers  # noqa: E402
 from bench_encode import default_corpora, documents  # noqa: E402
 
-from nbbpe import Tokenizer, patterns  # noqa: E402
+from numba import njit  # noqa: E402
+
+from nbbpe import Tokenizer, encode, patterns  # noqa: E402
 from nbbpe.scanners import cl100k, gpt2, o200k  # noqa: E402
 
 SPANS = {"gpt2": (gpt2.gpt2_spans, gpt2.class_table), "cl100k": (cl100k.cl100k_spans, cl100k.class_table),
@@ -59,10 +69,86 @@ def tokenizer(encoding: str) -> Tokenizer:
     return Tokenizer.from_tiktoken_file(bench_peers.tiktoken_file(encoding), pattern)
 
 
+class NewPretokens:
+    """The distinct pre-tokens of `data` (documents ending at `ends`) of 2 to `_HEAP_ABOVE`
+    bytes that are not tokens, and that the scanner finds whole when given one alone (so that
+    `encode_utf8` of each, as a document, is the reference for merging it): bytes `buf`, piece k
+    at buf[offsets[k]:offsets[k + 1]]."""
+
+    def __init__(self, encoding: str, tok: Tokenizer, data: bytes, ends: np.ndarray,
+                 starts: np.ndarray, stops: np.ndarray):
+        buf = np.frombuffer(data, dtype=np.uint8)
+        spans, class_table = SPANS[encoding]
+        doc_starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+        found = spans(buf, class_table(), doc_starts, ends, starts, stops)
+        tokens = set(tok.vocab.values())
+        pieces = {data[a:b] for a, b in zip(starts[:found].tolist(), stops[:found].tolist())
+                  if 2 <= b - a <= encode._HEAP_ABOVE}
+        pieces = sorted(pieces - tokens)
+        offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in pieces], out=offsets[1:])
+        joined = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        found = spans(joined, class_table(), offsets[:-1], offsets[1:], starts, stops)
+        per_piece = np.bincount(np.searchsorted(offsets, starts[:found], side="right") - 1,
+                                minlength=len(pieces))
+        whole = [p for p, n in zip(pieces, per_piece.tolist()) if n == 1]
+        self.offsets = np.zeros(len(whole) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in whole], out=self.offsets[1:])
+        self.buf = np.frombuffer(b"".join(whole), dtype=np.uint8)
+        self.count = len(whole)
+        self.ids = tok.encode_utf8(self.buf, self.offsets[1:], dtype=np.int32)[0]
+
+
+@njit
+def merge_each(buf, offsets, ranks, merge, out, scratch):
+    """Merge each piece buf[offsets[k]:offsets[k + 1]] from its bytes, its ids written to `out`
+    one piece after the other; return how many ids in all."""
+    w = 0
+    for k in range(offsets.shape[0] - 1):
+        start = offsets[k]
+        length = offsets[k + 1] - start
+        for i in range(length):
+            out[w + i] = ranks.byte_ids[buf[start + i]]
+        w += merge(out, w, length, scratch, ranks)
+    return w
+
+
+LENGTHS = ((2, 16), (17, 32), (33, 64), (65, encode._HEAP_ABOVE))  # bytes, for `by_length`
+
+
+def merge_alone(tok: Tokenizer, buf: np.ndarray, offsets: np.ndarray) -> tuple[float, np.ndarray]:
+    """(seconds to merge every piece buf[offsets[k]:offsets[k + 1]] once with `tok`'s merge loop,
+    their ids). One untimed call first: compiled, and the tables in the caches as the timed call
+    finds them after its first pieces."""
+    ranks = tok._get_engine().ranks
+    merge = encode._merge_rounds if ranks.mode == encode.MERGES else encode._merge_leftmost
+    out = np.empty(len(buf) + 1, dtype=np.int32)
+    scratch = np.empty(encode._heap_space.py_func(encode._HEAP_ABOVE), dtype=np.int64)
+    merge_each(buf, offsets, ranks, merge, out, scratch)
+    t0 = time.perf_counter()
+    n = merge_each(buf, offsets, ranks, merge, out, scratch)
+    return time.perf_counter() - t0, out[:n]
+
+
+def by_length(tok: Tokenizer, new: NewPretokens) -> dict:
+    """For each range of `LENGTHS`: how many of `new` are that long, and the seconds the merge
+    loop takes on them alone (the loop's cost grows with the square of the length)."""
+    lengths = np.diff(new.offsets)
+    result = {}
+    for lo, hi in LENGTHS:
+        pick = np.flatnonzero((lengths >= lo) & (lengths <= hi))
+        pieces = [new.buf[new.offsets[k] : new.offsets[k + 1]].tobytes() for k in pick.tolist()]
+        offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in pieces], out=offsets[1:])
+        seconds, _ = merge_alone(tok, np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets)
+        result[f"{lo}-{hi}"] = {"pretokens": len(pieces), "seconds": seconds}
+    return result
+
+
 def measure(encoding: str, data: bytes, ends: np.ndarray, starts: np.ndarray,
-            stops: np.ndarray) -> dict:
-    """One round: scan, cold and warm seconds and pre-tokens learned, with a fresh tokenizer;
-    `starts` and `stops` hold one item per byte, paged in."""
+            stops: np.ndarray, new: NewPretokens) -> dict:
+    """One round: scan, cold and warm seconds and pre-tokens learned, with a fresh tokenizer,
+    and the merge loop alone on `new`; `starts` and `stops` hold one item per byte, paged in."""
     buf = np.frombuffer(data, dtype=np.uint8)
     spans, class_table = SPANS[encoding]
     doc_starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
@@ -89,7 +175,11 @@ def measure(encoding: str, data: bytes, ends: np.ndarray, starts: np.ndarray,
     # What makes warm - scan the lookups alone: the warm call merged nothing new, same ids.
     learned_warm = int(cache.table.fill[1]) - before - learned
     alone, together, both_ids = cpu_alone_and_two_at_once(tok, buf, ends)
+    merge_s, ids_alone = merge_alone(tok, new.buf, new.offsets)
     return {"scan_s": scan, "cold_s": cold, "warm_s": warm, "learned": learned,
+            "merge_alone_s": merge_s, "merged_alone": new.count,
+            "same_ids_alone": bool(np.array_equal(ids_alone, new.ids)),
+            "merge_alone_by_length": by_length(tok, new),
             "learned_warm": learned_warm, "same_ids": all(map(np.array_equal, cold_ids, warm_ids)),
             "pretokens": int(found), "cpu_alone_s": alone, "cpu_two_at_once_s": together,
             "same_ids_two_at_once": all(all(map(np.array_equal, ids, warm_ids))
@@ -129,10 +219,18 @@ def summarize(rounds: list[dict]) -> dict:
         "merging_ms": [(r["cold_s"] - r["warm_s"]) * 1e3 for r in rounds],
         "cold_ms": [r["cold_s"] * 1e3 for r in rounds],
         "us_per_merged": [(r["cold_s"] - r["warm_s"]) * 1e6 / max(r["learned"], 1) for r in rounds],
+        "us_per_merged_alone": [r["merge_alone_s"] * 1e6 / max(r["merged_alone"], 1)
+                                for r in rounds],
         "ns_per_pretoken_warm": [r["warm_s"] * 1e9 / max(r["pretokens"], 1) for r in rounds],
         "two_at_once": [r["cpu_two_at_once_s"] / r["cpu_alone_s"] for r in rounds],
     }
     out = {name: spread(values) for name, values in per.items()}
+    out["alone_by_length"] = {
+        span: {"pretokens": rounds[0]["merge_alone_by_length"][span]["pretokens"],
+               "share": spread([r["merge_alone_by_length"][span]["seconds"]
+                                / sum(v["seconds"] for v in r["merge_alone_by_length"].values())
+                                for r in rounds])}
+        for span in rounds[0]["merge_alone_by_length"]}
     out["learned"] = rounds[0]["learned"]
     out["pretokens"] = rounds[0]["pretokens"]
     return out
@@ -153,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     corpora = args.corpora or default_corpora()
     results: dict = {}
     print("encoding   corpus                 scan ms         lookups ms      merging ms      "
-          "cold ms         us/merged      ns/pre-token warm  two at once        learned")
+          "cold ms         us/merged      us/merged alone  ns/pre-token warm  two at once        "
+          "learned")
     for path in corpora:
         docs = list(documents(path))
         data = b"".join(docs)
@@ -161,14 +260,20 @@ def main(argv: list[str] | None = None) -> int:
         starts = np.ones(len(data) + 1, dtype=np.int64)
         stops = np.ones(len(data) + 1, dtype=np.int64)
         for encoding in args.pattern:
-            rounds = [measure(encoding, data, ends, starts, stops) for _ in range(args.repeat)]
+            new = NewPretokens(encoding, tokenizer(encoding), data, ends, starts, stops)
+            rounds = [measure(encoding, data, ends, starts, stops, new)
+                      for _ in range(args.repeat)]
             row = summarize(rounds)
             results.setdefault(path, {})[encoding] = {"rounds": rounds, **row}
             print(f"{encoding:10s} {os.path.basename(path):22s} {show(row['scan_ms']):15s} "
                   f"{show(row['lookups_ms']):15s} {show(row['merging_ms']):15s} "
                   f"{show(row['cold_ms']):15s} {show(row['us_per_merged'], 2):14s} "
+                  f"{show(row['us_per_merged_alone'], 2):16s} "
                   f"{show(row['ns_per_pretoken_warm']):18s} {show(row['two_at_once'], 2):18s} "
                   f"{row['learned']:,}")
+            print("           merged alone, by length: " + ", ".join(
+                f"{span} bytes {v['pretokens']:,} ({show(v['share'], 2)} of the time)"
+                for span, v in row["alone_by_length"].items()))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1)

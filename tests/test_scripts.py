@@ -281,7 +281,12 @@ def test_encode_breakdown_splits_a_cold_pass(tmp_path, capsys):
         assert row["learned"] > 100 and row["pretokens"] > 5_000
         for r in row["rounds"]:
             assert r["learned"] == row["learned"] and r["learned_warm"] == 0 and r["same_ids"]
-            assert min(r["cold_s"], r["warm_s"], r["scan_s"]) > 0
+            assert min(r["cold_s"], r["warm_s"], r["scan_s"], r["merge_alone_s"]) > 0
+            # The merge loop alone merges (nearly) the pre-tokens the pass learned, to its ids.
+            assert 0.9 * r["learned"] <= r["merged_alone"] <= r["learned"] and r["same_ids_alone"]
+            by_length = r["merge_alone_by_length"].values()
+            assert sum(v["pretokens"] for v in by_length) == r["merged_alone"]
+            assert all(v["seconds"] > 0 for v in by_length if v["pretokens"])
             # Two threads making the warm call at once each give its ids, and both used CPU.
             assert r["same_ids_two_at_once"]
             assert min(r["cpu_alone_s"], r["cpu_two_at_once_s"]) > 0
