@@ -140,7 +140,9 @@ def by_length(tok: Tokenizer, new: NewPretokens) -> dict:
         pieces = [new.buf[new.offsets[k] : new.offsets[k + 1]].tobytes() for k in pick.tolist()]
         offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
         np.cumsum([len(p) for p in pieces], out=offsets[1:])
-        seconds, _ = merge_alone(tok, np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets)
+        seconds = 0.0
+        if pieces:
+            seconds, _ = merge_alone(tok, np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets)
         result[f"{lo}-{hi}"] = {"pretokens": len(pieces), "seconds": seconds}
     return result
 
