@@ -754,7 +754,8 @@ class _Engine(NamedTuple):
             if mode == encode.MERGES:
                 left, right, merged = t._merge_ids
                 ranks = encode.build_ranks(left, right, np.arange(len(left)), merged, t._byte_ids,
-                                           mode)
+                                           mode, encode.byte_pairs_in_tokens(
+                                               t._token_bytes, t._token_offsets, token_ids))
             else:
                 ranks = encode.build_split_ranks(t._token_bytes, t._token_offsets,
                                                  token_ids[regular], t._byte_ids, t.n_vocab)

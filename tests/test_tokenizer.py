@@ -864,3 +864,69 @@ def test_bytes_under_two_ids_encode_to_the_lower_whatever_the_vocab_order():
         tokenizer = Tokenizer(order, [(b"a", b"b")])
         assert tokenizer.encode("ab") == [256] and tokenizer.encode("xab ab") == [120, 256, 32, 256]
         assert tokenizer.decode([257, 256]) == "abab"
+
+
+# --- new pre-tokens merged in parts ----------------------------------------------------------
+
+
+def test_the_byte_pairs_of_tokens_are_those_side_by_side_inside_one():
+    tokens = [b"a", b"ab", b"bcd", b"", b"xyz"]
+    data = np.frombuffer(b"".join(tokens), dtype=np.uint8)
+    offsets = np.cumsum([0] + [len(t) for t in tokens])
+    joins = encode.byte_pairs_in_tokens(data, offsets, np.array([0, 1, 2, 3]))  # not xyz
+    marked = {(int(k) >> 8, int(k) & 255) for k in np.flatnonzero(joins)}
+    # not (a, a) nor (b, b), side by side only across two tokens
+    assert marked == {(ord("a"), ord("b")), (ord("b"), ord("c")), (ord("c"), ord("d"))}
+
+
+_RANKS_IN_ORDER = {}
+
+
+def _ranks_in_order(t, order):
+    """`t`'s `Ranks` in merge order `order` (GPT-2's merges, or its tokens as a rank file)."""
+    if (id(t), order) not in _RANKS_IN_ORDER:
+        ids = np.flatnonzero(t._known).astype(np.int32)
+        if order == encode.MERGES:
+            joins = encode.byte_pairs_in_tokens(t._token_bytes, t._token_offsets, ids)
+            left, right, merged = t._merge_ids
+            ranks = encode.build_ranks(left, right, np.arange(len(left)), merged, t._byte_ids,
+                                       order, joins)
+        else:
+            ranks = encode.build_split_ranks(t._token_bytes, t._token_offsets, ids, t._byte_ids,
+                                             t.n_vocab)
+        _RANKS_IN_ORDER[id(t), order] = (t, ranks)  # t kept: its id stays its own
+    return _RANKS_IN_ORDER[id(t), order][1]
+
+
+def _merged_whole_and_in_parts(tokenizer, order, data: bytes):
+    """(ids of `data` merged whole, merged in parts cut where `joins` says no token holds the two
+    bytes on either side, how many parts), with `tokenizer`'s merges in `order`."""
+    ranks = _ranks_in_order(tokenizer, order)
+    merge = encode._merge_rounds if order == encode.MERGES else encode._merge_leftmost
+    scratch = np.empty(encode._heap_space.py_func(len(data)), dtype=np.int64)
+
+    def merged(piece: bytes) -> list[int]:
+        out = ranks.byte_ids[np.frombuffer(piece, dtype=np.uint8)].astype(np.int32)
+        return out[: merge(out, 0, len(out), scratch, ranks)].tolist()
+
+    pair = (np.frombuffer(data, np.uint8)[:-1].astype(np.int64) << 8) | np.frombuffer(
+        data, np.uint8)[1:]
+    cuts = [0, *(np.flatnonzero(ranks.joins[pair] == 0) + 1).tolist(), len(data)]
+    parts = [data[a:b] for a, b in zip(cuts, cuts[1:])]
+    return merged(data), [i for part in parts for i in merged(part)], len(parts)
+
+
+@pytest.mark.parametrize("order", [encode.MERGES, encode.RANKS])
+def test_a_pre_token_merged_in_parts_gets_the_ids_of_merging_it_whole(gpt2, order):
+    # Japanese: most pairs of GPT-2's tokens stop inside a character, so few merges cross one
+    whole, in_parts, parts = _merged_whole_and_in_parts(gpt2, order, "語のテキスト日本".encode())
+    assert parts > 4 and in_parts == whole
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(min_size=2, max_size=60), noise=st.binary(max_size=40))
+def test_merging_in_parts_equals_merging_whole_on_any_bytes(gpt2, text, noise):
+    data = text.encode("utf-8", "surrogatepass") + noise
+    for order in (encode.MERGES, encode.RANKS):
+        whole, in_parts, _ = _merged_whole_and_in_parts(gpt2, order, data)
+        assert in_parts == whole
