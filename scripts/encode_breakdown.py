@@ -24,8 +24,8 @@ on one thread, `--repeat` times with a freshly built tokenizer (GPT-2's files, o
   thread not scheduled, does not count.
 
 - alone: the merge loop alone (`_merge_rounds`, or `_merge_leftmost` for rank files) on each
-  new pre-token once, back to back, outside the pass: its bytes to ids, nothing looked up or
-  stored. The pre-tokens are those of the corpus that are not tokens and that the scanner, given
+  new pre-token once, back to back, outside the pass: its bytes to ids in parts as the pass
+  merges them (see `encode.byte_pairs_in_tokens`), nothing looked up or stored. The pre-tokens are those of the corpus that are not tokens and that the scanner, given
   one alone, finds whole (nearly all), and their ids are checked against `encode_utf8`'s. Then
   the same by length (2-16, 17-32, 33-64, 65-256 bytes): how many, and their share of the time.
 
@@ -101,15 +101,23 @@ class NewPretokens:
 
 @njit
 def merge_each(buf, offsets, ranks, merge, out, scratch):
-    """Merge each piece buf[offsets[k]:offsets[k + 1]] from its bytes, its ids written to `out`
-    one piece after the other; return how many ids in all."""
+    """Merge each piece buf[offsets[k]:offsets[k + 1]] from its bytes as the pass merges a new
+    pre-token (in parts, cut where `ranks.joins` says no token holds the two bytes), its ids
+    written to `out` one piece after the other; return how many ids in all."""
     w = 0
     for k in range(offsets.shape[0] - 1):
-        start = offsets[k]
-        length = offsets[k + 1] - start
-        for i in range(length):
-            out[w + i] = ranks.byte_ids[buf[start + i]]
-        w += merge(out, w, length, scratch, ranks)
+        part = offsets[k]
+        end = offsets[k + 1]
+        for i in range(part + 1, end + 1):
+            if i < end and ranks.joins[(np.int64(buf[i - 1]) << 8) | buf[i]]:
+                continue
+            n = i - part
+            for j in range(n):
+                out[w + j] = ranks.byte_ids[buf[part + j]]
+            if n > 1:
+                n = merge(out, w, n, scratch, ranks)
+            w += n
+            part = i
     return w
 
 
