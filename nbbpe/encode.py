@@ -463,13 +463,11 @@ def _merge_on_heap(work, lo, m, space, ranks):
 # --- one pre-token ---------------------------------------------------------------------------
 
 
-@njit(inline="always")  # into the two kernels below: `merge` is a compile-time choice
-def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cache,
-                pairs):
-    """Merge pre-token buf[start:end] (at most `_HEAP_ABOVE` bytes, not in the cache) into
-    out[w:]; remember it in a learning cache at -1 - slot (where `find` said it would go);
-    return the number of ids. It merges in parts, cut between bytes that no token holds side by
-    side (`ranks.joins`, see `byte_pairs_in_tokens`): the same ids, sooner."""
+@njit(inline="always")  # into `_encode_new` (and scripts/encode_breakdown.py's timing)
+def merge_in_parts(merge, buf, start, end, out, w, ranks, pairs):
+    """Write the ids of pre-token buf[start:end] to out[w:], merged by `merge` in parts, cut
+    between bytes that no token holds side by side (`ranks.joins`, see
+    `byte_pairs_in_tokens`): the ids of merging it whole, sooner. Returns how many."""
     joins = ranks.joins
     at = w
     part = start
@@ -483,7 +481,16 @@ def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cac
             n = merge(out, at, n, pairs, ranks)
         at += n
         part = i
-    m = at - w
+    return at - w
+
+
+@njit(inline="always")  # into the two kernels below: `merge` is a compile-time choice
+def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cache,
+                pairs):
+    """Merge pre-token buf[start:end] (at most `_HEAP_ABOVE` bytes, not in the cache) into
+    out[w:]; remember it in a learning cache at -1 - slot (where `find` said it would go);
+    return the number of ids."""
+    m = merge_in_parts(merge, buf, start, end, out, w, ranks, pairs)
     if cache.learns:
         store(cache, -1 - slot, k0, k1, tag, buf, start, end - start, out, w, m)
     return m

@@ -25,14 +25,15 @@ on one thread, `--repeat` times with a freshly built tokenizer (GPT-2's files, o
 
 - alone: the merge loop alone (`_merge_rounds`, or `_merge_leftmost` for rank files) on each
   new pre-token once, back to back, outside the pass: its bytes to ids in parts as the pass
-  merges them (see `encode.byte_pairs_in_tokens`), nothing looked up or stored. The pre-tokens are those of the corpus that are not tokens and that the scanner, given
-  one alone, finds whole (nearly all), and their ids are checked against `encode_utf8`'s. Then
-  the same by length (2-16, 17-32, 33-64, 65-256 bytes): how many, and their share of the time.
+  merges them (`encode.merge_in_parts`), nothing looked up or stored. The pre-tokens are those
+  of the corpus that are not tokens and that the scanner, given one alone, finds whole (nearly
+  all), and their ids are checked against `encode_utf8`'s. Then the same by length (2-16,
+  17-32, 33-64, 65-256 bytes): how many, and their share of the time.
 
 Derived, as medians over the repeats (ranges in brackets): lookups = warm - scan (looking the
 pre-tokens up and writing their ids out), merging = cold - warm, and merging / learned, what a
 new pre-token costs in the pass, next to what merging one costs alone (the gap is what the pass
-adds: the miss, the store, and the merge's lookups finding the rank tables out of the caches).
+adds: the miss and the store).
 The README quotes these figures.
 """
 
@@ -69,6 +70,13 @@ def tokenizer(encoding: str) -> Tokenizer:
     return Tokenizer.from_tiktoken_file(bench_peers.tiktoken_file(encoding), pattern)
 
 
+def packed(pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(the pieces end to end as uint8, int64 offsets): piece k is buf[offsets[k]:offsets[k+1]]."""
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in pieces], out=offsets[1:])
+    return np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets
+
+
 class NewPretokens:
     """The distinct pre-tokens of `data` (documents ending at `ends`) of 2 to `_HEAP_ABOVE`
     bytes that are not tokens, and that the scanner finds whole when given one alone (so that
@@ -85,39 +93,24 @@ class NewPretokens:
         pieces = {data[a:b] for a, b in zip(starts[:found].tolist(), stops[:found].tolist())
                   if 2 <= b - a <= encode._HEAP_ABOVE}
         pieces = sorted(pieces - tokens)
-        offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
-        np.cumsum([len(p) for p in pieces], out=offsets[1:])
-        joined = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        joined, offsets = packed(pieces)
         found = spans(joined, class_table(), offsets[:-1], offsets[1:], starts, stops)
         per_piece = np.bincount(np.searchsorted(offsets, starts[:found], side="right") - 1,
                                 minlength=len(pieces))
         whole = [p for p, n in zip(pieces, per_piece.tolist()) if n == 1]
-        self.offsets = np.zeros(len(whole) + 1, dtype=np.int64)
-        np.cumsum([len(p) for p in whole], out=self.offsets[1:])
-        self.buf = np.frombuffer(b"".join(whole), dtype=np.uint8)
+        self.buf, self.offsets = packed(whole)
         self.count = len(whole)
         self.ids = tok.encode_utf8(self.buf, self.offsets[1:], dtype=np.int32)[0]
 
 
-@njit
+@njit(_nrt=False)  # as the encode kernels: no reference counting of `ranks`' arrays per piece
 def merge_each(buf, offsets, ranks, merge, out, scratch):
     """Merge each piece buf[offsets[k]:offsets[k + 1]] from its bytes as the pass merges a new
-    pre-token (in parts, cut where `ranks.joins` says no token holds the two bytes), its ids
-    written to `out` one piece after the other; return how many ids in all."""
+    pre-token (`encode.merge_in_parts`), its ids written to `out` one piece after the other;
+    return how many ids in all."""
     w = 0
     for k in range(offsets.shape[0] - 1):
-        part = offsets[k]
-        end = offsets[k + 1]
-        for i in range(part + 1, end + 1):
-            if i < end and ranks.joins[(np.int64(buf[i - 1]) << 8) | buf[i]]:
-                continue
-            n = i - part
-            for j in range(n):
-                out[w + j] = ranks.byte_ids[buf[part + j]]
-            if n > 1:
-                n = merge(out, w, n, scratch, ranks)
-            w += n
-            part = i
+        w += encode.merge_in_parts(merge, buf, offsets[k], offsets[k + 1], out, w, ranks, scratch)
     return w
 
 
@@ -146,11 +139,9 @@ def by_length(tok: Tokenizer, new: NewPretokens) -> dict:
     for lo, hi in LENGTHS:
         pick = np.flatnonzero((lengths >= lo) & (lengths <= hi))
         pieces = [new.buf[new.offsets[k] : new.offsets[k + 1]].tobytes() for k in pick.tolist()]
-        offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
-        np.cumsum([len(p) for p in pieces], out=offsets[1:])
         seconds = 0.0
         if pieces:
-            seconds, _ = merge_alone(tok, np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets)
+            seconds, _ = merge_alone(tok, *packed(pieces))
         result[f"{lo}-{hi}"] = {"pretokens": len(pieces), "seconds": seconds}
     return result
 
