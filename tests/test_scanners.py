@@ -206,6 +206,15 @@ def test_contraction_letters_in_every_position():
 # --- segments -----------------------------------------------------------------------------------
 
 
+def assert_segments_match_regex(texts, gaps, names):
+    """Scanning the texts as segments of one buffer (`text_segments`) gives, for each pattern of
+    `names` (a family's name is its own pattern's), the spans `regex` finds in each text alone."""
+    buf, segments = text_segments(texts, gaps)
+    for name in names:
+        want = [regex_spans(name, text) + start for text, (start, _) in zip(texts, segments)]
+        got = scan_spans(FAMILY_OF[name], buf, segments)
+        np.testing.assert_array_equal(got, np.concatenate(want).reshape(-1, 2), name)
+
 @settings(max_examples=150)
 @given(texts=st.lists(any_texts, min_size=1, max_size=5),
        gaps=st.lists(st.sampled_from(["", "<|endoftext|>", "x", " ", "\n", "1", "'s", "\u0301"]),
@@ -213,11 +222,7 @@ def test_contraction_letters_in_every_position():
 def test_segments_are_each_matched_as_a_text_of_their_own(texts, gaps):
     # What lies between segments (here `gaps`, e.g. a special token) is never looked at: the
     # end of a segment is the end of its text for `$`, lookaheads and possessive quantifiers.
-    buf, segments = text_segments(texts, gaps)
-    for family in FAMILIES:
-        want = [regex_spans(family, text) + start for text, (start, _) in zip(texts, segments)]
-        got = scan_spans(family, buf, segments)
-        np.testing.assert_array_equal(got, np.concatenate(want).reshape(-1, 2), family)
+    assert_segments_match_regex(texts, gaps, FAMILIES)
 
 
 # --- the claims the scanners rely on ------------------------------------------------------------
@@ -453,11 +458,7 @@ def test_block_scanners_on_chosen_texts(family, text):
 def test_long_segments_are_each_matched_as_a_text_of_their_own(texts, gaps):
     # Segments long enough that the block scanners cut them, their last 64 bytes included (the
     # buffer goes on after all but the last): nothing after a segment's end changes its spans.
-    buf, segments = text_segments(texts, gaps)
-    for name in PATTERNS:
-        want = [regex_spans(name, text) + start for text, (start, _) in zip(texts, segments)]
-        got = scan_spans(FAMILY_OF[name], buf, segments)
-        np.testing.assert_array_equal(got, np.concatenate(want).reshape(-1, 2), name)
+    assert_segments_match_regex(texts, gaps, PATTERNS)
 
 
 # What follows a text in a buffer: the next document, a special token, more of the same classes.
