@@ -900,7 +900,8 @@ def _ranks_in_order(t, order):
 
 def _merged_whole_and_in_parts(tokenizer, order, data: bytes):
     """(ids of `data` merged whole, merged in parts cut where `joins` says no token holds the two
-    bytes on either side, how many parts), with `tokenizer`'s merges in `order`."""
+    bytes on either side, by the pass's loop (`merge_in_parts`), how many parts), with
+    `tokenizer`'s merges in `order`."""
     ranks = _ranks_in_order(tokenizer, order)
     merge = encode._merge_rounds if order == encode.MERGES else encode._merge_leftmost
     scratch = np.empty(encode._heap_space.py_func(len(data)), dtype=np.int64)
@@ -913,14 +914,19 @@ def _merged_whole_and_in_parts(tokenizer, order, data: bytes):
         data, np.uint8)[1:]
     cuts = [0, *(np.flatnonzero(ranks.joins[pair] == 0) + 1).tolist(), len(data)]
     parts = [data[a:b] for a, b in zip(cuts, cuts[1:])]
-    return merged(data), [i for part in parts for i in merged(part)], len(parts)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    out = np.empty(len(data), dtype=np.int32)
+    n = encode.merge_in_parts(merge, buf, 0, len(data), out, 0, ranks, scratch)
+    return (merged(data), [i for part in parts for i in merged(part)], out[:n].tolist(),
+            len(parts))
 
 
 @pytest.mark.parametrize("order", [encode.MERGES, encode.RANKS])
 def test_a_pre_token_merged_in_parts_gets_the_ids_of_merging_it_whole(gpt2, order):
     # Japanese: most pairs of GPT-2's tokens stop inside a character, so few merges cross one
-    whole, in_parts, parts = _merged_whole_and_in_parts(gpt2, order, "語のテキスト日本".encode())
-    assert parts > 4 and in_parts == whole
+    whole, in_parts, by_the_pass, parts = _merged_whole_and_in_parts(gpt2, order,
+                                                                      "語のテキスト日本".encode())
+    assert parts > 4 and in_parts == whole and by_the_pass == whole
 
 
 @settings(max_examples=150, deadline=None)
@@ -928,5 +934,5 @@ def test_a_pre_token_merged_in_parts_gets_the_ids_of_merging_it_whole(gpt2, orde
 def test_merging_in_parts_equals_merging_whole_on_any_bytes(gpt2, text, noise):
     data = text.encode("utf-8", "surrogatepass") + noise
     for order in (encode.MERGES, encode.RANKS):
-        whole, in_parts, _ = _merged_whole_and_in_parts(gpt2, order, data)
-        assert in_parts == whole
+        whole, in_parts, by_the_pass, _ = _merged_whole_and_in_parts(gpt2, order, data)
+        assert in_parts == whole and by_the_pass == whole
