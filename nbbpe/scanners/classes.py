@@ -92,12 +92,20 @@ def item_pointer(context, builder, signature, args):
     return cgutils.get_item_pointer(context, builder, arraytype, data, [index])
 
 
-@njit(inline="always")
-def uindex(i):
+@intrinsic
+def uindex(typingctx, i):
     """Index `i` (never negative) as an unsigned integer: Numba adds a negative-index wraparound
     (three instructions) to every signed index, which the encode loop and the merges would pay
-    at nearly every array access."""
-    return np.uint64(i)
+    at nearly every array access. An intrinsic, not an `inline="always"` function: Numba inlines
+    those by copying the callee's IR into each call site, and with hundreds of them that was
+    most of the time it took to inline into an encode kernel on a first run."""
+    if not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return context.cast(builder, args[0], signature.args[0], types.uint64)
+
+    return types.uint64(i), codegen
 
 
 def _load_at(context, builder, signature, args, lltype):
