@@ -192,6 +192,59 @@ def _compile_one_process_at_a_time() -> None:
 _compile_one_process_at_a_time()
 
 
+# --- inlining without copying ----------------------------------------------------------------
+#
+# Numba inlines an `inline="always"` function by making its IR afresh (`run_untyped_passes`),
+# then `inline_ir` deep-copies that IR twice before splicing it in: once to have a copy it may
+# change, once to return an unchanged one, which the only caller of `inline_function` (the
+# InlineInlinables pass) drops. The IR is made for this one call site, so neither copy is
+# needed, and they were most of the time spent inlining `encode_documents` into an encode
+# kernel. For this package's functions, `inline_function` here passes the fresh IR through
+# with `deepcopy` made the identity for that call alone; all else (other callers of
+# `inline_ir`, whose IR may be shared; other packages' functions) is as Numba does it.
+
+
+class _NoDeepCopy:
+    """Stands in for the `copy` module in `numba.core.inline_closurecall` during one
+    `inline_ir` call on IR made for it alone."""
+
+    @staticmethod
+    def deepcopy(value, memo=None):
+        return value
+
+
+def _inline_without_copies() -> None:
+    try:
+        import copy
+
+        from numba.core import inline_closurecall
+        from numba.core.inline_closurecall import InlineWorker
+    except ImportError:
+        return
+    numba_inline_function = InlineWorker.inline_function
+    if getattr(numba_inline_function, "nbbpe_no_copies", False):
+        return
+    if getattr(inline_closurecall, "copy", None) is not copy:
+        return  # another Numba: leave it be
+
+    def inline_function(self, caller_ir, block, i, function, arg_typs=None):
+        if not getattr(function, "__module__", "").startswith(__package__ + "."):
+            return numba_inline_function(self, caller_ir, block, i, function, arg_typs)
+        callee_ir = self.run_untyped_passes(function)  # made for this call site alone
+        inline_closurecall.copy = _NoDeepCopy
+        try:
+            return self.inline_ir(caller_ir, block, i, callee_ir, function.__code__.co_freevars,
+                                  arg_typs=arg_typs)
+        finally:
+            inline_closurecall.copy = copy
+
+    inline_function.nbbpe_no_copies = True
+    InlineWorker.inline_function = inline_function
+
+
+_inline_without_copies()
+
+
 def cached(dispatcher) -> bool:
     """Whether Numba's cache holds a compiled version of `dispatcher` for the current source
     (any signature). Unsure (e.g. another Numba's internals) counts as cached."""

@@ -124,3 +124,49 @@ def test_the_compiling_child_imports_the_nbbpe_of_this_process(tmp_path, monkeyp
     kernel_cache.compile_elsewhere(
         f"import nbbpe\nopen({str(imported)!r}, 'w').write(nbbpe.__file__)").wait()
     assert imported.read_text() == nbbpe.__file__
+
+
+def _inline_probe(module: str):
+    """A kernel calling an `inline="always"` helper whose `__module__` is `module`, both new
+    (so compiled, and the helper inlined, in this test)."""
+    from numba import njit
+
+    def double_plus(x):
+        y = x
+        for _ in range(2):
+            y = y + x
+        return y
+
+    double_plus.__module__ = module
+    helper = njit(inline="always")(double_plus)
+
+    @njit
+    def kernel(x):
+        return helper(x) + helper(x + 1)
+
+    return kernel
+
+
+def test_this_packages_inline_functions_are_inlined_without_copying_their_ir(monkeypatch):
+    from numba.core import inline_closurecall
+
+    assert getattr(inline_closurecall.InlineWorker.inline_function, "nbbpe_no_copies", False)
+    passed_through = []
+    real = kernel_cache._NoDeepCopy.deepcopy
+    monkeypatch.setattr(kernel_cache._NoDeepCopy, "deepcopy",
+                        staticmethod(lambda value, memo=None: passed_through.append(1) or real(value)))
+    assert _inline_probe("nbbpe.probe")(5) == 15 + 18  # inlined, right
+    # each block of the helper's IR, twice, at each of the two call sites: not copied
+    assert len(passed_through) >= 4 and len(passed_through) % 4 == 0
+    assert inline_closurecall.copy is __import__("copy")  # Numba's module as it was
+
+
+def test_other_packages_inline_functions_are_inlined_as_numba_does(monkeypatch):
+    from numba.core import inline_closurecall
+
+    passed_through = []
+    monkeypatch.setattr(kernel_cache._NoDeepCopy, "deepcopy",
+                        staticmethod(lambda value, memo=None: passed_through.append(1) or value))
+    assert _inline_probe("userpackage.helpers")(5) == 33
+    assert passed_through == []  # copied by Numba, as always
+    assert inline_closurecall.copy is __import__("copy")
