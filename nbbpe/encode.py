@@ -821,20 +821,27 @@ def compile_shared_first(mode: int) -> None:
     """On a first run, while another process compiles the encode kernel (`warm_up`): compile here
     first helpers of that kernel, each before that process reaches it, so that it loads them
     from the cache: `_prepare_window` (which it types first), then those it types last (the
-    merge loop, `store`, `copy_ids`). It compiles `key_of` and `find` itself, which this process
-    then loads when it fills the vocab table. Ordered otherwise, each process reached some
-    helpers while the other was still compiling them and compiled them again (the first run's
-    `nbbpe encode` waited ~1 s more). This process needs the merge loop and `store` anyway
+    merging of a new pre-token, `_encode_new_merges` or `_encode_new_ranks`, with the merge loop
+    and `store` in it, and `copy_ids`). It compiles `key_of` and `find` itself, which this
+    process then loads when it fills the vocab table. Ordered otherwise, each process reached
+    some helpers while the other was still compiling them and compiled them again (the first
+    run's `nbbpe encode` waited ~1 s more). This process needs the merge loop and `store` anyway
     (not, in RANKS order, `_merge_leftmost` and its heap: compiled here for the other process
-    alone). Calls on tiny inputs of the argument types the kernels use."""
+    alone); `_encode_new_*` (0.5-0.7 s) moved here once inlining got cheaper (`kernel_cache`),
+    when the other process ended ~1 s after this one. Calls on tiny inputs of the argument
+    types the kernels use."""
     buf = np.frombuffer(b"ab", dtype=np.uint8)  # read-only, as the kernels' text
     table = new_table(16, _HEAP_ABOVE, 64)._replace(learns=True)
     scratch = new_scratch()
     _prepare_window(buf, 0, scratch[:WINDOW], 0, table, *(scratch[k * WINDOW : (k + 1) * WINDOW]
                                                           for k in range(1, 5)))
-    merge = _merge_rounds if mode == MERGES else _merge_leftmost
+    ranks = _no_merges(np.arange(256, dtype=np.int32), mode)
     ids = np.zeros(2, dtype=np.int32)
-    merge(ids, 0, 2, np.zeros(2, dtype=np.int64), _no_merges(np.arange(256, dtype=np.int32), mode))
+    encode_new = _encode_new_merges if mode == MERGES else _encode_new_ranks
+    # pre-token "ab" at slot 0 (-1 - slot) of the throwaway table, hash and key unused
+    encode_new(buf, 0, 2, 0, 0, 2, np.uint64(0), -1, ids, 0, ranks, table, np.zeros(2, np.int64))
+    merge = _merge_rounds if mode == MERGES else _merge_leftmost
+    merge(ids, 0, 2, np.zeros(2, dtype=np.int64), ranks)
     store(table, 0, 0, 0, 2, buf, 0, 2, ids, 0, 1)
     copy_ids(table, 0, ids, 0)
 
