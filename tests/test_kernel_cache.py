@@ -170,3 +170,22 @@ def test_other_packages_inline_functions_are_inlined_as_numba_does(monkeypatch):
     assert _inline_probe("userpackage.helpers")(5) == 33
     assert passed_through == []  # copied by Numba, as always
     assert inline_closurecall.copy is __import__("copy")
+
+
+def test_full_collections_are_rare_while_compiling_and_as_before_after():
+    import gc
+
+    before = gc.get_threshold()
+    with kernel_cache._rare_full_collections():
+        young, middle, old = gc.get_threshold()
+        assert (young, middle) == before[:2] and old >= kernel_cache._FULL_COLLECTION_EVERY
+        with kernel_cache._rare_full_collections():  # a nested compile: no change
+            assert gc.get_threshold() == (young, middle, old)
+        assert gc.get_threshold() == (young, middle, old)
+    assert gc.get_threshold() == before
+    try:
+        with kernel_cache._rare_full_collections():
+            raise ValueError("a compile that failed")
+    except ValueError:
+        pass
+    assert gc.get_threshold() == before
