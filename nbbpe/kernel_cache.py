@@ -241,6 +241,15 @@ _compile_one_process_at_a_time()
 # `inline_ir`, whose IR may be shared; other packages' functions) is as Numba does it.
 
 
+def _numba_before(major: int, minor: int) -> bool:
+    import numba
+
+    try:
+        return tuple(int(part) for part in numba.__version__.split(".")[:2]) < (major, minor)
+    except ValueError:  # a development version: unknown
+        return False
+
+
 class _NoDeepCopy:
     """Stands in for the `copy` module in `numba.core.inline_closurecall` during one
     `inline_ir` call on IR made for it alone."""
@@ -261,8 +270,8 @@ def _inline_without_copies() -> None:
     numba_inline_function = InlineWorker.inline_function
     if getattr(numba_inline_function, "nbbpe_no_copies", False):
         return
-    if getattr(inline_closurecall, "copy", None) is not copy:
-        return  # another Numba: leave it be
+    if getattr(inline_closurecall, "copy", None) is not copy or not _numba_before(0, 70):
+        return  # a Numba this was not checked against (0.68): inline as it does
 
     def inline_function(self, caller_ir, block, i, function, arg_typs=None):
         if not getattr(function, "__module__", "").startswith(__package__ + "."):
