@@ -838,11 +838,9 @@ def compile_shared_first(mode: int) -> None:
     ranks = _no_merges(np.arange(256, dtype=np.int32), mode)
     ids = np.zeros(2, dtype=np.int32)
     encode_new = _encode_new_merges if mode == MERGES else _encode_new_ranks
-    # pre-token "ab" at slot 0 (-1 - slot) of the throwaway table, hash and key unused
+    # pre-token "ab" at slot 0 (-1 - slot) of the throwaway table, hash and key unused; compiles
+    # the merge loop and `store` with it, as the kernel calls them
     encode_new(buf, 0, 2, 0, 0, 2, np.uint64(0), -1, ids, 0, ranks, table, np.zeros(2, np.int64))
-    merge = _merge_rounds if mode == MERGES else _merge_leftmost
-    merge(ids, 0, 2, np.zeros(2, dtype=np.int64), ranks)
-    store(table, 0, 0, 0, 2, buf, 0, 2, ids, 0, 1)
     copy_ids(table, 0, ids, 0)
 
 

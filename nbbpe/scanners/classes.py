@@ -96,9 +96,8 @@ def item_pointer(context, builder, signature, args):
 def uindex(typingctx, i):
     """Index `i` (never negative) as an unsigned integer: Numba adds a negative-index wraparound
     (three instructions) to every signed index, which the encode loop and the merges would pay
-    at nearly every array access. An intrinsic, not an `inline="always"` function: Numba inlines
-    those by copying the callee's IR into each call site, and with hundreds of them that was
-    most of the time it took to inline into an encode kernel on a first run."""
+    at nearly every array access. An intrinsic, not an `inline="always"` function, which Numba
+    inlines by copying the callee's IR into each of its many call sites on a first run."""
     if not isinstance(i, types.Integer):
         return None
 
