@@ -208,19 +208,25 @@ def _no_merges(byte_ids, mode: int) -> Ranks:
                  -1, _EVERY_PAIR)
 
 
-@njit(cache=True, nogil=True)
 def _fill_ranks(left, right, rank, id_bits, rank_bits, bits):
+    """The slots of the rank table: each pair at its home slot or the first free one after it
+    (linear probing), as inserting them one by one would place them, but in NumPy, with no
+    kernel to compile (0.4 s of a first run). Taken in order of home slot, a pair goes to
+    max(home, previous pair's slot + 1): so every slot from a pair's home to its own is taken,
+    which is all a lookup needs. Those pushed past the end wrap around into the first free
+    slots, in order, so every slot before them is taken too."""
     size = 1 << bits
-    slots = np.empty(size, dtype=np.int64)
-    for s in range(size):
-        slots[s] = _EMPTY
-    shift = np.uint64(64 - bits)
-    for k in range(left.shape[0]):
-        pair = (left[k] << id_bits) | right[k]
-        s = np.int64((np.uint64(pair) * _GOLDEN) >> shift)
-        while slots[s] != _EMPTY:
-            s = (s + 1) & (size - 1)
-        slots[s] = (pair << rank_bits) | rank[k]
+    pair = (left << id_bits) | right
+    home = ((pair.astype(np.uint64) * _GOLDEN) >> np.uint64(64 - bits)).astype(np.int64)
+    order = np.argsort(home, kind="stable")
+    steps = np.arange(len(order), dtype=np.int64)
+    at = np.maximum.accumulate(home[order] - steps) + steps
+    entries = ((pair << rank_bits) | rank)[order]
+    slots = np.full(size, _EMPTY, dtype=np.int64)
+    inside = at < size
+    slots[at[inside]] = entries[inside]
+    wrapped = entries[~inside]
+    slots[np.flatnonzero(slots == _EMPTY)[: len(wrapped)]] = wrapped
     return slots
 
 
@@ -817,31 +823,24 @@ def warm_up(family: str, mode: int) -> None:
     kernel(args.values, -1, 0, 0, 0)
 
 
-def compile_shared_first(mode: int) -> None:
+def compile_shared_first() -> None:
     """On a first run, while another process compiles the encode kernel (`warm_up`): compile here
     first helpers of that kernel, each before that process reaches it, so that it loads them
-    from the cache: `_prepare_window` (which it types first), then those it types last (the
-    merging of a new pre-token, `_encode_new_merges` or `_encode_new_ranks`, with the merge loop
-    and `store` in it, and `copy_ids`). It compiles `key_of` and `find` itself, which this
-    process then loads when it fills the vocab table. Ordered otherwise, each process reached
-    some helpers while the other was still compiling them and compiled them again (the first
-    run's `nbbpe encode` waited ~1 s more). This process needs the merge loop and `store` anyway
-    (not, in RANKS order, `_merge_leftmost` and its heap: compiled here for the other process
-    alone); `_encode_new_*` (0.5-0.7 s) moved here once inlining got cheaper (`kernel_cache`),
-    when the other process ended ~1 s after this one. Calls on tiny inputs of the argument
-    types the kernels use."""
+    from the cache: `_prepare_window` (which it types first), then `find`, `is_full` and
+    `copy_ids` (which it types last). Meanwhile it compiles the merging of a new pre-token
+    (`_encode_new_merges` or `_encode_new_ranks`, with the merge loop and `store`), which this
+    process then loads, or waits for, as it fills the vocab table (in either merge order: the
+    helpers are the same). Compiled here first before,
+    the merging kept that process waiting ~2 s (it types it second), and this one ended ~1 s
+    before it. Calls on tiny inputs of the argument types the kernels use."""
     buf = np.frombuffer(b"ab", dtype=np.uint8)  # read-only, as the kernels' text
     table = new_table(16, _HEAP_ABOVE, 64)._replace(learns=True)
     scratch = new_scratch()
     _prepare_window(buf, 0, scratch[:WINDOW], 0, table, *(scratch[k * WINDOW : (k + 1) * WINDOW]
                                                           for k in range(1, 5)))
-    ranks = _no_merges(np.arange(256, dtype=np.int32), mode)
-    ids = np.zeros(2, dtype=np.int32)
-    encode_new = _encode_new_merges if mode == MERGES else _encode_new_ranks
-    # pre-token "ab" at slot 0 (-1 - slot) of the throwaway table, hash and key unused; compiles
-    # the merge loop and `store` with it, as the kernel calls them
-    encode_new(buf, 0, 2, 0, 0, 2, np.uint64(0), -1, ids, 0, ranks, table, np.zeros(2, np.int64))
-    copy_ids(table, 0, ids, 0)
+    slot = find(table, 0, 0, 0, 2, buf, 0, 2)  # pre-token "ab", key and hash unused
+    is_full(table)
+    copy_ids(table, -1 - slot, np.zeros(2, dtype=np.int32), 0)  # an empty slot: no ids
 
 
 def encoder_for(family: str, mode: int):

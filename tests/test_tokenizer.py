@@ -788,6 +788,35 @@ def test_merged_ids_are_computed_only_where_they_follow_the_ranks(gpt2, gpt2_fil
     assert Tokenizer(swapped, merges)._get_engine().ranks.merged_offset == -1
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_rank_table_finds_every_pair_and_no_other(seed):
+    # the table is laid out in NumPy (`_fill_ranks`); a lookup probes from the pair's home slot
+    # to the first empty one (`_pair_rank`, the kernels' own). Half the pairs here have their
+    # home in the last 4 of 128 slots, so their runs pass the table's end and wrap around.
+    from nbbpe import encode
+
+    rng = np.random.default_rng(seed)
+    bits, id_bits = 7, 11  # what build_ranks picks for 40 pairs of ids below 2048
+    near_end, anywhere = set(), set()
+    while len(near_end) < 20 or len(anywhere) < 20:
+        a, b = (int(x) for x in rng.integers(1024, 2048, 2))  # above the dense table's ids
+        home = ((a << id_bits | b) * int(encode._GOLDEN) % 2**64) >> (64 - bits)
+        (near_end if home >= 124 else anywhere).add((a, b))
+    pairs = sorted(near_end)[:20] + sorted(anywhere - near_end)[:20]
+    left, right = (np.array(side, dtype=np.int64) for side in zip(*pairs))
+    rank = rng.permutation(len(pairs)).astype(np.int64)
+    ranks = encode.build_ranks(left, right, rank, rank + 2048, np.arange(256), encode.MERGES)
+    assert (len(ranks.slots), ranks.id_bits, ranks.dense_bits) == (1 << bits, id_bits, 10)
+    assert (ranks.slots != -1).sum() == len(pairs)
+    where = {entry >> ranks.rank_bits: k for k, entry in enumerate(ranks.slots.tolist())}
+    assert any(where[a << id_bits | b] < 64 for a, b in pairs[:20])  # wrapped around
+    for (a, b), r in zip(pairs, rank.tolist()):
+        assert encode._pair_rank(ranks, a, b) == r
+    for a, b in rng.integers(1024, 2048, (200, 2)).tolist():
+        if (a, b) not in pairs:
+            assert encode._pair_rank(ranks, a, b) == encode.NO_MERGE
+
+
 def test_a_vocab_with_gaps_in_its_ids(gpt2_files):
     vocab, merges = gpt2_files
     # the same tokens, with every id above 300 moved up by 1000

@@ -261,11 +261,12 @@ def test_progress_reports_pretokenization_and_merges(capsys):
 def test_first_run_precompiles_the_signatures_the_other_process_uses():
     # the helpers the training process compiles while a child compiles learn_merges (and the
     # encode kernel's helpers, while a child compiles it) must be the very signatures the
-    # child types, or the child compiles them again: mutable C arrays and int64 sizes
+    # child types, or the child compiles them again: mutable C arrays and int64 sizes (the
+    # encode kernel's merging of a new pre-token, the child compiles: `_encode_new_*`)
     from numba import typeof, types
 
     from nbbpe import encode, merge, pretokenize_kernels
-    from nbbpe.encode_tables import copy_ids, store
+    from nbbpe.encode_tables import copy_ids, find, is_full
 
     merge.compile_late_callees()
     for dtype in (types.uint8, types.int32, types.int64):
@@ -276,18 +277,15 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
     assert (ids, ids, types.int64, types.int64, types.int64, ids, types.int64, ends, ends,
             ends) in merge._file_word_lists.signatures
     text = types.Array(types.uint8, 1, "C", readonly=True)
-    for mode, merge_loop in ((encode.MERGES, encode._merge_rounds),
-                             (encode.RANKS, encode._merge_leftmost)):
-        encode.compile_shared_first(mode)
-        assert any(sig[0] == types.Array(types.int32, 1, "C") and sig[1:3] == (types.int64,) * 2
-                   for sig in merge_loop.signatures)
-    assert any(sig[5] == text and sig[8] == types.Array(types.int32, 1, "C")
-               for sig in store.signatures)
+    int64s, int32s = types.Array(types.int64, 1, "C"), types.Array(types.int32, 1, "C")
+    encode.compile_shared_first()
     cache = typeof(encode.SharedCache(encode.new_table(16, 256, 64), 16).table)
-    window = types.Array(types.int64, 1, "C")
-    assert ((text, types.int64, window, types.int64, cache) + (window,) * 4
-            in encode._prepare_window.signatures)
-    assert (cache, types.int64, types.Array(types.int32, 1, "C"), types.int64) in copy_ids.signatures
+    assert (text, types.int64, int64s, types.int64, cache) + (int64s,) * 4 in \
+        encode._prepare_window.signatures
+    assert (cache, types.int64, types.int64, types.int64, types.int64, text, types.int64,
+            types.int64) in find.signatures
+    assert (cache,) in is_full.signatures
+    assert (cache, types.int64, int32s, types.int64) in copy_ids.signatures
 
 
 def test_python_callers_do_not_compile_inlined_helpers():
