@@ -47,7 +47,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, typeof, types
+from numba import njit, types
 
 from .encode_tables import (
     CACHE_FIRST_ROOM,
@@ -73,7 +73,7 @@ from .encode_tables import (
 )
 from .kernel_args import (PackedArrays, array_at, call_at, copy_bytes, data_address,
                           readonly_array_at)
-from .kernel_cache import entry_point, native_address
+from .kernel_cache import argument_types, entry_point, native_address
 from .scanners.classes import load8, uindex
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
@@ -1149,7 +1149,7 @@ class DocumentEncoder:
             return False
         args = (b"", values, kernel)
         try:  # `call_at` builds on Numba's internals, which another Numba may have changed
-            encode_text_at.compile(tuple(typeof(arg) for arg in args))  # not run: no arrays
+            encode_text_at.compile(argument_types(args))  # not run: no arrays
         except Exception:
             return False
         return entry_point(encode_text_at, args), kernel

@@ -375,6 +375,16 @@ def native_address(dispatcher, args, signature) -> int | None:
 
 def _compiled(dispatcher, args):
     """What `dispatcher` has compiled for the types of `args` (Numba's internals: may raise)."""
+    return dispatcher.overloads[argument_types(args)]
+
+
+def argument_types(args) -> tuple:
+    """The Numba types of `args` as a compiled function receives them (`numba.typeof`), but
+    `bytes` typed directly: typeof finds the type of a `bytes` by a generic dispatch whose
+    first use in a process walks the subclasses of every abstract base class it knows, which
+    took 40-90 ms (more with more packages loaded) on the second text a tokenizer encoded."""
+    from numba.core import types
     from numba.core.typing.typeof import Purpose, typeof
 
-    return dispatcher.overloads[tuple(typeof(arg, Purpose.argument) for arg in args)]
+    return tuple(types.Bytes(types.uint8, 1, "C", readonly=True) if type(arg) is bytes
+                 else typeof(arg, Purpose.argument) for arg in args)

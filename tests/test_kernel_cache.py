@@ -189,3 +189,30 @@ def test_full_collections_are_rare_while_compiling_and_as_before_after():
     except ValueError:
         pass
     assert gc.get_threshold() == before
+
+
+def test_argument_types_are_numbas_own_bytes_included():
+    # bytes are typed without numba.typeof's generic dispatch (slow on its first use), to the
+    # very type typeof gives: else the short path's entry point would not be found
+    import numba
+    import numpy as np
+
+    from nbbpe.kernel_cache import argument_types
+
+    args = (b"", b"some text", np.zeros(3, np.int64), np.zeros(2, np.uint8)[::2], -1, 7)
+    assert argument_types(args) == tuple(numba.typeof(arg) for arg in args)
+    assert argument_types(args)[0] == argument_types((bytes(10),))[0]
+
+
+def test_the_short_path_is_ready_after_the_second_text():
+    # its entry point is found for the types of (bytes, packed values, address) when the second
+    # text is encoded; the third takes it, and gives the ids of the long way
+    from pathlib import Path
+
+    import nbbpe
+
+    fixtures = Path(__file__).parent / "fixtures"
+    tok = nbbpe.Tokenizer.from_files(fixtures / "gpt2_vocab.json", fixtures / "gpt2_merges.txt")
+    assert tok.encode("hello world") == tok.encode("hello world") == [31373, 995]
+    assert tok._thread_state().text_call is not None
+    assert tok.encode("hello world") == [31373, 995]
