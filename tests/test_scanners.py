@@ -491,3 +491,39 @@ def test_block_scanners_on_the_corpora(family, corpus_text):
     text = corpus_text[:60_000]
     handled = assert_blocks_match_scanner(family, text)
     assert handled > len(text.encode("utf-8")) / 64 / 2
+
+
+def test_char_flags_are_kept_in_a_file_and_read_back_only_when_whole(tmp_path, monkeypatch):
+    # computed with regex once, then read from a file beside the kernel cache (keyed on regex's
+    # version and the module's source); a cut-short file is recomputed, an unwritable place
+    # only means computing each time
+    from nbbpe.scanners import classes
+
+    computed = classes.compute_char_flags()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    path = Path(classes._char_flags_path())
+    assert path.parent == tmp_path / "nbbpe" and path.name.startswith("char_flags-")
+    classes.char_flags.cache_clear()
+    try:
+        assert np.array_equal(classes.char_flags(), computed)  # computed, and written
+        assert path.read_bytes() == computed.tobytes()
+        assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left
+
+        classes.char_flags.cache_clear()
+        with monkeypatch.context() as m:  # now read, not computed
+            m.setattr(classes, "compute_char_flags", lambda: pytest.fail("computed again"))
+            flags = classes.char_flags()
+        assert np.array_equal(flags, computed) and not flags.flags.writeable
+
+        path.write_bytes(computed.tobytes()[:1000])  # cut short: computed and written again
+        classes.char_flags.cache_clear()
+        assert np.array_equal(classes.char_flags(), computed)
+        assert path.stat().st_size == N_CODE_POINTS
+
+        blocked = tmp_path / "file"
+        blocked.write_text("not a directory")
+        monkeypatch.setenv("NUMBA_CACHE_DIR", str(blocked))
+        classes.char_flags.cache_clear()
+        assert np.array_equal(classes.char_flags(), computed)
+    finally:
+        classes.char_flags.cache_clear()

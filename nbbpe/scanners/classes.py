@@ -12,6 +12,8 @@ point without validating it and looks it up in a scanner's table. ASCII never re
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import sys
 from typing import NamedTuple
 
@@ -56,9 +58,44 @@ def every_code_point() -> str:
 def char_flags() -> np.ndarray:
     """The flags of every code point 0..0x10FFFF (uint8, read-only), from the installed `regex`.
 
-    Checks what the scanners rely on: \\p{L} is exactly the union of the three letter flags, and
-    letters, numbers and whitespace never overlap. Takes about 0.1 s; cached per process.
-    """
+    Computing them takes ~0.1 s (`regex` over 1.1M code points, 7 times), which every process
+    paid on its first encode; so they are kept in a file beside Numba's cache of this module
+    (`NUMBA_CACHE_DIR`, else `__pycache__` here) named after the `regex` version and this
+    module's source, and read from it (~1 ms) when it is there and whole. Where it cannot be
+    written, they are computed each time, as before. Cached per process too."""
+    path = _char_flags_path()
+    try:
+        flags = np.fromfile(path, dtype=np.uint8)
+        if flags.shape == (N_CODE_POINTS,):
+            flags.setflags(write=False)
+            return flags
+    except (OSError, ValueError):
+        pass
+    flags = compute_char_flags()
+    try:  # a whole file or none: written aside, then renamed
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = f"{path}.{os.getpid()}.tmp"
+        flags.tofile(partial)
+        os.replace(partial, path)
+    except OSError:
+        pass
+    return flags
+
+
+def _char_flags_path() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "classes.py"), "rb") as f:
+        key = hashlib.sha256(regex.__version__.encode() + b"\0" + f.read()).hexdigest()[:16]
+    base = os.environ.get("NUMBA_CACHE_DIR")
+    directory = os.path.join(base, "nbbpe") if base else os.path.join(here, "__pycache__")
+    return os.path.join(directory, f"char_flags-{key}.u8")
+
+
+def compute_char_flags() -> np.ndarray:
+    """`char_flags()` computed with `regex` (uint8, read-only).
+
+    Checks what the scanners rely on: \\p{L} is exactly the union of the three letter flags,
+    and letters, numbers and whitespace never overlap."""
     text = every_code_point()
     flags = np.zeros(N_CODE_POINTS, dtype=np.uint8)
     for bit, pattern in _FLAG_PATTERNS:
