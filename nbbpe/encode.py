@@ -823,24 +823,24 @@ def warm_up(family: str, mode: int) -> None:
     kernel(args.values, -1, 0, 0, 0)
 
 
-def compile_shared_first() -> None:
+def compile_shared_first(mode: int) -> None:
     """On a first run, while another process compiles the encode kernel (`warm_up`): compile here
-    first helpers of that kernel, each before that process reaches it, so that it loads them
-    from the cache: `_prepare_window` (which it types first), then `find`, `is_full` and
-    `copy_ids` (which it types last). Meanwhile it compiles the merging of a new pre-token
-    (`_encode_new_merges` or `_encode_new_ranks`, with the merge loop and `store`), which this
-    process then loads, or waits for, as it fills the vocab table (in either merge order: the
-    helpers are the same). Compiled here first before,
-    the merging kept that process waiting ~2 s (it types it second), and this one ended ~1 s
-    before it. Calls on tiny inputs of the argument types the kernels use."""
+    helpers of that kernel, each before that process reaches it, so that it loads them from the
+    cache: the merging of a new pre-token (`_encode_new_merges` or `_encode_new_ranks`, with the
+    merge loop and `store`, which it types second), then `is_full`, `find` and `copy_ids` (which
+    it types last). Meanwhile it compiles `_prepare_window` (which it types first, ~1 s after it
+    starts): compiled here, it waited for it ~0.5 s; and with the merging compiled there, it
+    waited here ~1.5 s at the end. This process needs the merge loop and `store` for the vocab
+    table anyway. Calls on tiny inputs of the argument types the kernels use."""
     buf = np.frombuffer(b"ab", dtype=np.uint8)  # read-only, as the kernels' text
     table = new_table(16, _HEAP_ABOVE, 64)._replace(learns=True)
-    scratch = new_scratch()
-    _prepare_window(buf, 0, scratch[:WINDOW], 0, table, *(scratch[k * WINDOW : (k + 1) * WINDOW]
-                                                          for k in range(1, 5)))
-    slot = find(table, 0, 0, 0, 2, buf, 0, 2)  # pre-token "ab", key and hash unused
+    ranks = _no_merges(np.arange(256, dtype=np.int32), mode)
+    ids = np.zeros(2, dtype=np.int32)
+    encode_new = _encode_new_merges if mode == MERGES else _encode_new_ranks
+    # pre-token "ab" stored at slot 0 (-1 - slot) of the throwaway table, key and hash unused
+    encode_new(buf, 0, 2, 0, 0, 2, np.uint64(0), -1, ids, 0, ranks, table, np.zeros(2, np.int64))
     is_full(table)
-    copy_ids(table, -1 - slot, np.zeros(2, dtype=np.int32), 0)  # an empty slot: no ids
+    copy_ids(table, find(table, 0, 0, 0, 2, buf, 0, 2), ids, 0)
 
 
 def encoder_for(family: str, mode: int):

@@ -750,7 +750,7 @@ class _Engine(NamedTuple):
         with compile_elsewhere(f"from nbbpe.encode import warm_up; warm_up({t._family!r}, {mode})",
                                needed=first_run):
             if first_run:
-                encode.compile_shared_first()
+                encode.compile_shared_first(mode)
             if mode == encode.MERGES:
                 left, right, merged = t._merge_ids
                 ranks = encode.build_ranks(left, right, np.arange(len(left)), merged, t._byte_ids,

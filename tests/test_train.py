@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -261,8 +262,7 @@ def test_progress_reports_pretokenization_and_merges(capsys):
 def test_first_run_precompiles_the_signatures_the_other_process_uses():
     # the helpers the training process compiles while a child compiles learn_merges (and the
     # encode kernel's helpers, while a child compiles it) must be the very signatures the
-    # child types, or the child compiles them again: mutable C arrays and int64 sizes (the
-    # encode kernel's merging of a new pre-token, the child compiles: `_encode_new_*`)
+    # child types, or the child compiles them again: mutable C arrays and int64 sizes
     from numba import typeof, types
 
     from nbbpe import encode, merge, pretokenize_kernels
@@ -278,10 +278,13 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
             ends) in merge._file_word_lists.signatures
     text = types.Array(types.uint8, 1, "C", readonly=True)
     int64s, int32s = types.Array(types.int64, 1, "C"), types.Array(types.int32, 1, "C")
-    encode.compile_shared_first()
     cache = typeof(encode.SharedCache(encode.new_table(16, 256, 64), 16).table)
-    assert (text, types.int64, int64s, types.int64, cache) + (int64s,) * 4 in \
-        encode._prepare_window.signatures
+    for mode, encode_new in ((encode.MERGES, encode._encode_new_merges),
+                             (encode.RANKS, encode._encode_new_ranks)):
+        encode.compile_shared_first(mode)  # the merging as the kernel calls it (with its helpers)
+        ranks = typeof(encode._no_merges(np.arange(256, dtype=np.int32), mode))
+        assert ((text,) + (types.int64,) * 5 + (types.uint64, types.int64, int32s, types.int64,
+                                                ranks, cache, int64s)) in encode_new.signatures
     assert (cache, types.int64, types.int64, types.int64, types.int64, text, types.int64,
             types.int64) in find.signatures
     assert (cache,) in is_full.signatures
