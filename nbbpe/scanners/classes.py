@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import sys
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -74,7 +75,7 @@ def char_flags() -> np.ndarray:
     flags = compute_char_flags()
     try:  # a whole file or none: written aside, then renamed
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = f"{path}.{os.getpid()}.tmp"
+        partial = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         flags.tofile(partial)
         os.replace(partial, path)
     except OSError:
