@@ -520,6 +520,13 @@ def test_char_flags_are_kept_in_a_file_and_read_back_only_when_whole(tmp_path, m
         assert np.array_equal(classes.char_flags(), computed)
         assert path.stat().st_size == N_CODE_POINTS
 
+        path.unlink()  # a write that fails midway leaves no partial file behind
+        classes.char_flags.cache_clear()
+        with monkeypatch.context() as m:
+            m.setattr(classes.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("full")))
+            assert np.array_equal(classes.char_flags(), computed)
+        assert list(path.parent.iterdir()) == []
+
         blocked = tmp_path / "file"
         blocked.write_text("not a directory")
         monkeypatch.setenv("NUMBA_CACHE_DIR", str(blocked))

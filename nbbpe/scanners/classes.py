@@ -73,17 +73,21 @@ def char_flags() -> np.ndarray:
     except (OSError, ValueError):
         pass
     flags = compute_char_flags()
+    partial = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:  # a whole file or none: written aside, then renamed
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         flags.tofile(partial)
         os.replace(partial, path)
-    except OSError:
-        pass
+    except OSError:  # e.g. read-only, or the disk full: leave nothing half-written behind
+        try:
+            os.remove(partial)
+        except OSError:
+            pass
     return flags
 
 
 def _char_flags_path() -> str:
+    """Where `char_flags` keeps its table: a name of the `regex` version and this file's source."""
     here = os.path.dirname(os.path.abspath(__file__))
     with open(os.path.join(here, "classes.py"), "rb") as f:
         key = hashlib.sha256(regex.__version__.encode() + b"\0" + f.read()).hexdigest()[:16]
