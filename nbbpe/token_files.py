@@ -35,8 +35,6 @@ import threading
 import time
 
 import numpy as np
-import psutil
-from tqdm import tqdm
 
 from .corpus import DEFAULT_CHUNK_BYTES, check_errors_policy, check_utf8
 from .tokenizer import Tokenizer
@@ -159,6 +157,8 @@ class _HeapTrimmer:
 
     def __init__(self, slack: int = 32 << 20):
         self._trim = _malloc_trim()
+        import psutil  # here, as tqdm below: ~50 ms of every `import nbbpe` together
+
         self._process = psutil.Process()
         self._slack = slack
         self._limit = self._process.memory_info().rss + slack
@@ -329,6 +329,8 @@ def encode_file(
     if not getattr(executor, "remote", False) and executor.num_workers > 1:
         tokenizer.encode("warm up")  # build the tables (and load the kernels) once, not per thread
     results = executor.map(encoder, units)
+    from tqdm import tqdm
+
     with tqdm(total=size, unit="B", unit_scale=True, desc="encode", disable=not progress) as bar:
         def progressed(ids_and_unit):
             bar.update(ids_and_unit[1].size_bytes)
