@@ -811,7 +811,7 @@ def warm_up(family: str, mode: int) -> None:
     from .scanners.specials import make_specials
 
     # Tables of the right types, built without a kernel: the process that asked for this one
-    # compiles those that fill tables (`_fill_ranks`, `_fill_vocab_table`) meanwhile.
+    # compiles the kernel that fills the vocab table (`_fill_vocab_table`) meanwhile.
     ranks = _no_merges(np.arange(256, dtype=np.int32), mode)
     vocab = new_table(16, _HEAP_ABOVE, 64)
     table, kernel = encoder_for(family, mode)

@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterable
 from contextlib import contextmanager
 
-
 from .corpus import DEFAULT_CHUNK_BYTES
 from .intern import intern_words
 from .patterns import GPT2_PATTERN, validate_special_tokens
