@@ -200,6 +200,11 @@ def count_pretokens_in_texts(texts: Iterable[str], special_tokens: Sequence[str]
 def count_items(items, counter_args, *, executor, errors, chunk_bytes, progress, total, meanwhile):
     """Count units of work or batches on `executor` (the first error in source order is the
     one raised: see `workers.LocalExecutor`)."""
+    # tqdm here, not at `import nbbpe` (~30 ms), and before any thread starts: an import in one
+    # thread while another loads kernels failed once ("dictionary changed size during
+    # iteration", in a benchmark's training, not reproduced since)
+    from tqdm import tqdm
+
     from .pretokenize_kernels import merge_counts
     from .workers import LocalExecutor
 
@@ -208,8 +213,6 @@ def count_items(items, counter_args, *, executor, errors, chunk_bytes, progress,
     if meanwhile is not None:
         helper = threading.Thread(target=meanwhile, name="nbbpe-meanwhile", daemon=True)
         helper.start()
-    from tqdm import tqdm  # here: importing it costs every `import nbbpe` ~30 ms
-
     with tqdm(total=total, unit="B", unit_scale=True, desc="pre-tokenize",
               disable=not progress) as bar:
         counts = executor.accumulate(_UnitCounterFactory(counter_args, errors, chunk_bytes),

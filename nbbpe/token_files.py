@@ -35,6 +35,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 
 from .corpus import DEFAULT_CHUNK_BYTES, check_errors_policy, check_utf8
 from .tokenizer import Tokenizer
@@ -157,8 +158,6 @@ class _HeapTrimmer:
 
     def __init__(self, slack: int = 32 << 20):
         self._trim = _malloc_trim()
-        import psutil  # here, as tqdm below: ~50 ms of every `import nbbpe` together
-
         self._process = psutil.Process()
         self._slack = slack
         self._limit = self._process.memory_info().rss + slack
@@ -304,6 +303,9 @@ def encode_file(
     are cut at special tokens, or for the built-in patterns also between a letter or digit and a
     space or newline; with a custom pattern a text file without special tokens is one unit.
     """
+    # here, not at `import nbbpe`, and before any thread starts (see pretokenize.count_items)
+    from tqdm import tqdm
+
     from .sources import plan_units, resolve_source
     from .train import _executor
 
@@ -329,8 +331,6 @@ def encode_file(
     if not getattr(executor, "remote", False) and executor.num_workers > 1:
         tokenizer.encode("warm up")  # build the tables (and load the kernels) once, not per thread
     results = executor.map(encoder, units)
-    from tqdm import tqdm
-
     with tqdm(total=size, unit="B", unit_scale=True, desc="encode", disable=not progress) as bar:
         def progressed(ids_and_unit):
             bar.update(ids_and_unit[1].size_bytes)
