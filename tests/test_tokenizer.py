@@ -457,6 +457,27 @@ def test_cached_ids_of_any_count_stay_within_a_small_output_buffer(gpt2_files, t
             assert (guarded[items + encode.SPARE_IDS :] == -7).all(), items
 
 
+def test_a_pre_token_longer_than_the_output_buffer_is_encoded(gpt2_files, tiktoken_gpt2,
+                                                               monkeypatch):
+    # A kernel call writes at most `_OUT_ITEMS` ids (4 Mi), and stopped whenever a window's
+    # bytes outnumbered the room left. A pre-token of more bytes than that (a 5 MB line of one
+    # letter) then never fit, and each call returned having done nothing: encoding looped
+    # forever. Now a call takes the pre-tokens that fit and hands a long one that does not to
+    # the merge outside the pass. Here with a buffer of 1,000 ids.
+    from nbbpe import encode
+
+    monkeypatch.setattr(encode, "_OUT_ITEMS", 1000)
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    texts = ["x" * 2500, "ab " + "q" * 1500, "word " * 150 + "z" * 3000 + " end",
+             "a" * 900 + " " + "b" * 900]  # the last: two that fit alone, not together
+    for text in texts:
+        expected = tiktoken_gpt2.encode_ordinary(text)
+        assert tokenizer.encode_utf8(text.encode())[0].tolist() == expected
+        assert tokenizer.encode_to_numpy(text).tolist() == expected
+    ids, offsets = tokenizer.encode_batch_to_numpy(texts, num_threads=2)
+    assert ids.tolist() == [i for text in texts for i in tiktoken_gpt2.encode_ordinary(text)]
+
+
 def test_a_threads_cache_learns_without_touching_the_shared_vocab_table(gpt2_files):
     tokenizer = Tokenizer(*gpt2_files, [EOT])
     tokenizer.encode("warm up")
