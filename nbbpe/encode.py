@@ -823,7 +823,7 @@ def warm_up(family: str, mode: int) -> None:
     out = np.empty(len(buf) + 2, dtype=np.int32)
     args = pack_encode_args(buf, table, np.array([len(buf)], dtype=np.int64),
                             np.empty(1, dtype=np.int64), new_scratch(), out,
-                            make_specials([("<|x|>", 257)]), ranks, SharedCache(vocab, 16).table)
+                            make_specials([("<|x|>", 257)]), ranks, vocab._replace(learns=True))
     kernel(args.values, -1, 0, 0, 0)
 
 

@@ -104,7 +104,8 @@ class Tokenizer:
     Options: `pattern`, the pre-tokenization regex (GPT-2's by default); `pretokenizer`,
     "auto" (a compiled scanner for GPT-2's, cl100k's and o200k's patterns, `regex` for any
     other), "compiled" (require one) or "regex" (the reference path, for any pattern);
-    `cache_size`, how many encoded pre-tokens it remembers, for all threads (0: none);
+    `cache_size`, how many encoded pre-tokens it remembers, for all threads (0: none; else at
+    least 65,536, as starting again costs a copy of the vocab's table);
     `block_chars`, how much text the `regex` path encodes per kernel call (it bounds temporary
     memory; the ids do not depend on it).
     """

@@ -15,6 +15,16 @@ settings.load_profile("nbbpe")
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+@pytest.fixture(autouse=True)
+def small_caches(monkeypatch):
+    """Caches as small as a test asks for: a tokenizer's cache holds at least
+    `encode_tables.MIN_CACHE_SIZE` pre-tokens (65,536), more than a test's text has, and the tests
+    of a cache that grows and starts again use a few dozen. The floor's own test sets it back."""
+    from nbbpe import encode_tables
+
+    monkeypatch.setattr(encode_tables, "MIN_CACHE_SIZE", 1)
+
+
 @pytest.fixture(scope="session")
 def gpt2_files():
     """GPT-2's (vocab, merges), from the fixture files."""

@@ -371,6 +371,29 @@ def test_a_tiny_cache_is_emptied_and_gives_the_same_ids(gpt2, gpt2_files):
     assert uncached.encode(text) == expected
 
 
+def test_a_small_cache_size_still_holds_enough_not_to_copy_the_vocab_table_over_and_over(
+        gpt2, gpt2_files, monkeypatch):
+    # Each time a cache starts again it copies the vocab table (8 MB with GPT-2's vocab). With
+    # room for 1 pre-token, that happened after nearly every new one: 200 kB of text took 16 s.
+    # A positive cache_size is taken as at least MIN_CACHE_SIZE (the tests lower it: conftest).
+    from nbbpe import encode_tables
+
+    monkeypatch.setattr(encode_tables, "MIN_CACHE_SIZE", 1 << 16)
+    text = read("multi_sample.txt")[:20000]
+    expected = gpt2.encode(text)
+    for size in (1, 100):
+        tokenizer = Tokenizer(*gpt2_files, [EOT], cache_size=size)
+        assert tokenizer.encode(text) == expected
+        cache = tokenizer._thread_state().cache
+        assert cache.limit == 1 << 16
+        assert cache.table.fill[2] == 0  # never started again
+        learned = int(cache.table.fill[1] - cache.vocab.fill[1])
+        assert size < learned < 1 << 16  # it kept more than `size` pre-tokens
+    uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)
+    assert uncached.encode(text) == expected
+    assert uncached._thread_state().cache.table is uncached._thread_state().cache.vocab
+
+
 def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files):
     # encode_to_numpy keeps its kernel call's arguments ready between calls; a cache that grows
     # or starts again, a text longer than the output buffer, and batches on the same thread
