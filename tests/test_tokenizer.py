@@ -855,7 +855,10 @@ def test_the_rank_table_finds_every_pair_and_no_other(seed):
     where = {entry >> ranks.rank_bits: k for k, entry in enumerate(ranks.slots.tolist())}
     assert any(where[a << id_bits | b] < 64 for a, b in pairs[:20])  # wrapped around
     for (a, b), r in zip(pairs, rank.tolist()):
-        assert encode._pair_rank(ranks, a, b) == r
+        assert encode._pair_rank(ranks, a, b) == r  # so each one's bit in `listed` is set
+    # `listed`: a bit per 1/8 slot, set where a pair hashes (at most one each), read first
+    assert len(ranks.listed) * 64 == len(ranks.slots) << encode.LISTED_BITS
+    assert 0 < np.unpackbits(ranks.listed.view(np.uint8)).sum() <= len(pairs)
     for a, b in rng.integers(1024, 2048, (200, 2)).tolist():
         if (a, b) not in pairs:
             assert encode._pair_rank(ranks, a, b) == encode.NO_MERGE
