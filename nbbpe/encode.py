@@ -1065,6 +1065,7 @@ class ThreadState:
         self.text_args: PackedArrays | None = None
         self.text_values = None  # text_args.values
         self.text_room = 0
+        self.text_out_uint32 = None  # the output buffer packed for it, as uint32
         self.text_buffer = np.zeros(COPY_UP_TO + TEXT_PAD, dtype=np.uint8)  # see encode_text_at
         # The other calls' packed arguments (`DocumentEncoder._packed`), and the output buffer
         # and cache table they hold.
@@ -1090,6 +1091,7 @@ class ThreadState:
 _OUT_ITEMS = 1 << 22  # ids per kernel call at most (16 MB)
 _TEXT_ROOM = 1 << 16  # ids the short path's output buffer has room for at least
 _UINT8 = np.dtype(np.uint8)
+_UINT32 = np.dtype(np.uint32)
 _NO_TEXT = np.empty(0, dtype=np.uint8)  # packed in the short path's place of the text
 _AFTER_FIRST_TEXT = object()  # `DocumentEncoder._text_entry` once a first text is encoded
 _frombuffer = np.frombuffer
@@ -1143,6 +1145,8 @@ class DocumentEncoder:
         if call is not None and len(data) < state.text_room:
             w = call(data, state.text_values, state.text_kernel)
             if w >= 0:
+                if dtype is _UINT32:  # ids are below 2**31: the same bits, copied (0.35 µs,
+                    return state.text_out_uint32[:w].copy()  # astype: 0.48-0.56 µs)
                 ids = state.out[:w]
                 return ids.tolist() if dtype is None else ids.astype(dtype)
         # The long way: a first call, a text longer than the output buffer, a pre-token too
@@ -1170,6 +1174,7 @@ class DocumentEncoder:
                                            state.text_buffer)
         state.text_values = state.text_args.values
         state.text_room = len(out) - SPARE_IDS  # the ids of a shorter text fit
+        state.text_out_uint32 = out.view(np.uint32)  # the same buffer, read as uint32 ids
         state.text_call, state.text_kernel = self._text_entry
 
     def _text_call(self):

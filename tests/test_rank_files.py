@@ -97,6 +97,23 @@ def test_a_text_after_a_longer_one_on_the_short_path(pair, text, after):
     assert ours.encode(text) == theirs.encode(text, allowed_special="all")
 
 
+def test_the_short_paths_uint32_arrays_are_copies_of_their_own(pair):
+    # With more than 65,536 ids, encode_to_numpy's arrays are uint32 by default: on the short
+    # path, a copy of the thread's int32 output buffer read as uint32 (no conversion). Each
+    # array must own its ids: the next text overwrites that buffer.
+    ours, theirs = pair
+    texts = [read("multi_sample.txt")[k:k + 300] for k in range(0, 6000, 300)] + ["", "a"]
+    ours.encode("warm-up: the second text on takes the short path")
+    arrays = [ours.encode_to_numpy(text) for text in texts]
+    state = ours._thread_state()
+    assert state.text_call is not None  # the short path was taken
+    for text, ids in zip(texts, arrays):
+        assert ids.dtype == np.uint32 and ids.flags.owndata
+        assert not np.shares_memory(ids, state.out)
+        assert ids.tolist() == theirs.encode(text, allowed_special="all")
+    assert ours.encode_to_numpy(texts[3], dtype=np.int64).tolist() == arrays[3].tolist()
+
+
 @settings(max_examples=60)
 @given(st.lists(texts, max_size=8), st.integers(1, 3))
 def test_batches_and_uint32_ids(pair, batch, threads):
