@@ -690,12 +690,12 @@ def encode_documents(scanner, block_scanner, table_dtype, encode_new, args, sepa
             stop, which = next_special(buf, i, end, specials)
             while i < stop:
                 n = scan_window(scanner, block_scanner, buf, table, i, stop, window)
-                if w + (window[n - 1] - i) > cap:  # at most one id per byte: those that fit
-                    while n > 0 and w + (window[n - 1] - i) > cap:
-                        n -= 1
-                    if n == 0:  # not even the first: return, or it is long, merged outside
-                        first = window[0] - i
-                        return w, doc, i, first if first > _HEAP_ABOVE else 0
+                # at most one id per byte: keep the pre-tokens whose ids surely fit
+                while n > 0 and w + (window[n - 1] - i) > cap:
+                    n -= 1
+                if n == 0:  # not even the first: return, or it is long, merged outside
+                    first = window[0] - i
+                    return w, doc, i, first if first > _HEAP_ABOVE else 0
                 _prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)
                 for t in range(n):
                     j = window[t]
