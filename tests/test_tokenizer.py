@@ -706,14 +706,16 @@ surrogate_texts = st.lists(st.one_of(pieces, st.sampled_from(SURROGATES)), max_s
 @settings(max_examples=60)
 @given(st.lists(st.one_of(texts, surrogate_texts), min_size=1, max_size=4), st.integers(1, 40))
 def test_long_texts_are_cut_where_their_ids_cannot_change(gpt2, batch, size):
-    from nbbpe.tokenizer import _cut_long_texts, _utf8
+    from nbbpe.tokenizer import _cut_long_texts, _piece_text, _utf8
 
-    pieces, last = _cut_long_texts(batch, size, gpt2.special_tokens, True)
+    cut, last, lengths = _cut_long_texts(batch, size, gpt2.special_tokens, True)
+    pieces = [_piece_text(piece) for piece in cut]
+    assert lengths.tolist() == [len(piece) for piece in pieces]
     first = [0, *(last[:-1] + 1).tolist()]
     for k, text in enumerate(batch):
         own = pieces[first[k] : last[k] + 1]
         if len(own) == 1:  # not cut
-            assert own[0] is text
+            assert own[0] is text and cut[first[k]] is text
             continue
         assert all(own) and "".join(own) == text
         # each piece's UTF-8 (lone surrogates as U+FFFD, as encode reads them) is its part
