@@ -70,6 +70,9 @@ _NO_SLOTS = np.zeros(0, dtype=np.int64)
 _NO_IDS = np.zeros(0, dtype=np.int32)
 _SMALL_BATCH_BYTES = 1 << 16  # below this a batch is not worth a second thread
 _GROUPS_PER_THREAD = 16  # the last group leaves the other threads idle: keep groups small
+# Characters of a group at most: a group is held as one str and its UTF-8 while it is encoded,
+# and fresh memory costs page faults; smaller groups reuse the same memory.
+_GROUP_CHARS = 1 << 20
 
 # Where a block may end: between a pre-token and a following whitespace character. With GPT-2's
 # pattern a non-space character followed by a space always ends a pre-token, and the matches
@@ -382,12 +385,12 @@ class Tokenizer:
                 _check_text(text, f"encode_batch: text {k}")
         # Read once: each pass over the texts in Python costs ~0.1 us a text.
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        threads = _thread_count(num_threads, len(texts), int(lengths.sum()),
-                                self._family is not None)
+        total = int(lengths.sum())
+        threads = _thread_count(num_threads, len(texts), total, self._family is not None)
+        if self._family is not None and (threads > 1 or total > _GROUP_CHARS):
+            return self._encode_pieces_on_threads(texts, lengths, threads, dtype)
         if threads == 1:
             parts = [self._encode_group(texts, dtype)]
-        elif self._family is not None:
-            return self._encode_pieces_on_threads(texts, lengths, threads, dtype)
         else:
             # A few groups per thread, taken in turn: a thread that drew easy text takes more.
             groups = _split_evenly(texts, min(len(texts), _GROUPS_PER_THREAD * threads), lengths)
@@ -481,10 +484,12 @@ class Tokenizer:
         """`encode_batch_to_numpy` on `threads` threads, for the compiled patterns: a text
         longer than a group cut into pieces where a cut cannot change its ids, and the pieces
         encoded in groups of about equal size, a few per thread (so one long text does not
-        leave the other threads idle). The threads turn the pieces into UTF-8, each while the
-        other encodes. `lengths`: the texts' lengths."""
-        groups = _GROUPS_PER_THREAD * threads
-        size = int(lengths.sum()) // groups + 1
+        leave the other threads idle) and of at most about `_GROUP_CHARS` characters (so memory
+        beyond the ids stays a few groups' worth, reused). The threads turn the pieces into
+        UTF-8, each while the other encodes. `lengths`: the texts' lengths."""
+        total = int(lengths.sum())
+        groups = max(_GROUPS_PER_THREAD * threads if threads > 1 else 1, -(-total // _GROUP_CHARS))
+        size = total // groups + 1
         encode = self._encode_pieces
         if lengths.max(initial=0) > 2 * size:
             pieces, last_piece, lengths = _cut_long_texts(texts, size, self.special_tokens,
@@ -917,6 +922,9 @@ def _run_groups(threads: int, encode, groups: list, dtype) -> list:
                 return
             results[k] = encode(groups[k], dtype)
 
+    if threads == 1:
+        work()
+        return results
     pool = _thread_pool(threads - 1)
     futures = [pool.submit(work) for _ in range(threads - 1)]
     work()  # this thread is one of them

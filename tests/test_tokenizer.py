@@ -698,6 +698,26 @@ def test_a_long_text_in_a_batch_is_cut_for_the_threads(gpt2_files):
     assert tok.encode_batch([long_text], num_threads=2) == [want[1]]
 
 
+def test_a_large_batch_on_one_thread_is_encoded_in_groups(gpt2_files, monkeypatch):
+    # More characters than a group holds: one thread encodes it a group at a time (so the whole
+    # batch is never one str and one bytes), long texts cut as for the threads.
+    import nbbpe.tokenizer
+
+    monkeypatch.setattr(nbbpe.tokenizer, "_GROUP_CHARS", 5000)
+    tok = Tokenizer(*gpt2_files, [EOT])
+    batch = [read("web_sample.txt"), "", "short", read("multi_sample.txt")[:20000] + EOT + "x"]
+    batch += [d for d in read("web_sample.txt").split(EOT)]
+    want = [tok.encode(text) for text in batch]
+    assert sum(map(len, batch)) > 10 * 5000 and max(map(len, batch)) > 2 * 5000
+    groups = []
+    real_encode_utf8 = Tokenizer.encode_utf8
+    monkeypatch.setattr(Tokenizer, "encode_utf8", lambda self, data, *a, **k: (
+        groups.append(len(data)), real_encode_utf8(self, data, *a, **k))[1])
+    ids, offsets = tok.encode_batch_to_numpy(batch, num_threads=1)
+    assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
+    assert len(groups) >= 10 and max(groups) < 4 * 5000
+
+
 # Surrogates a str may hold: a pair (one character in UTF-8) and lone ones (U+FFFD each).
 SURROGATES = ["\ud83d\ude00", "\ud800", "\udfff", "\udc00 ", "a\ud83d"]
 surrogate_texts = st.lists(st.one_of(pieces, st.sampled_from(SURROGATES)), max_size=25).map("".join)
