@@ -698,6 +698,33 @@ def test_a_long_text_in_a_batch_is_cut_for_the_threads(gpt2_files):
     assert tok.encode_batch([long_text], num_threads=2) == [want[1]]
 
 
+def test_a_long_text_is_encoded_in_groups(gpt2_files, monkeypatch):
+    # encode and encode_to_numpy cut a text longer than `_LONG_TEXT_CHARS` as a batch is cut,
+    # never holding all its UTF-8: the ids are those of encoding its UTF-8 in one call.
+    import nbbpe.tokenizer
+    from nbbpe.tokenizer import _utf8
+
+    monkeypatch.setattr(nbbpe.tokenizer, "_GROUP_CHARS", 2000)
+    monkeypatch.setattr(nbbpe.tokenizer, "_LONG_TEXT_CHARS", 4000)
+    tok = Tokenizer(*gpt2_files, [EOT])
+    text = (read("web_sample.txt")[:9000] + EOT + read("multi_sample.txt")[:9000]
+            + "\ud800 lone" + EOT) * 2
+    want = tok.encode_utf8(_utf8(text))[0].tolist()
+    assert len(text) > 8 * 4000 and want == tok.encode_utf8(_utf8(text)[:-len(EOT)])[0].tolist() + [
+        tok.encode(EOT)[0]]
+    calls = []
+    real_encode_utf8 = Tokenizer.encode_utf8
+    monkeypatch.setattr(Tokenizer, "encode_utf8", lambda self, data, *a, **k: (
+        calls.append(len(data)), real_encode_utf8(self, data, *a, **k))[1])
+    assert tok.encode(text) == want
+    assert tok.encode_to_numpy(text).tolist() == want
+    assert tok.encode_to_numpy(text, np.int32).dtype == np.int32
+    assert len(calls) >= 3 * 8 and max(calls) < 4 * 4000
+    calls.clear()
+    short = tok.encode(text[:3000])  # not longer than `_LONG_TEXT_CHARS`: in one call
+    assert calls == [] and short == tok.encode_batch([text[:3000]])[0]
+
+
 def test_a_large_batch_on_one_thread_is_encoded_in_groups(gpt2_files, monkeypatch):
     # More characters than a group holds: one thread encodes it a group at a time (so the whole
     # batch is never one str and one bytes), long texts cut as for the threads.
