@@ -370,7 +370,7 @@ class Tokenizer:
         whole text is never held as UTF-8 too (encode_to_numpy of 64 MiB of web text: 129 MB
         at the peak beyond the text, against 202 MB)."""
         if self._family is None:
-            return self._encode_text(text).astype(dtype)
+            return self._encode_text(text).astype(dtype, copy=False)
         return self.encode_batch_to_numpy([text], num_threads=1, dtype=dtype)[0]
 
     def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[list[int]]:
