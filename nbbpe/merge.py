@@ -26,11 +26,12 @@ rewriting each word in place and applying the count changes of the neighbouring 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 
 import numpy as np
-from numba import njit, objmode
+from numba import njit
 
 from . import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
 
@@ -38,8 +39,12 @@ _EMPTY = -1
 _HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
 
 
-# Progress of the merge loop: the kernel calls `_report_merges` every `report_every` merges.
+# Progress of the merge loop: `learn_merges` keeps the merges done so far in progress[0], and
+# `merges_with_progress` reads it from another thread while the kernel runs (it holds no GIL)
+# and tells the listeners. A kernel calling back into Python (`objmode`) cost 0.5-1.4 s more to
+# compile on a first run.
 _merge_listeners: list[Callable[[int], object]] = []
+_REPORT_EVERY_S = 0.1
 
 
 def _report_merges(n_merges: int) -> None:
@@ -49,12 +54,39 @@ def _report_merges(n_merges: int) -> None:
 
 @contextmanager
 def merge_progress(listener: Callable[[int], object]):
-    """Call `listener(merges done so far)` from `learn_merges` while in this block."""
+    """Call `listener(merges done so far)` while `merges_with_progress` runs in this block:
+    about every 0.1 s while the merges run, and once at the end."""
     _merge_listeners.append(listener)
     try:
         yield
     finally:
         _merge_listeners.remove(listener)
+
+
+def merges_with_progress(tokens, offsets, word_counts, num_merges: int):
+    """`learn_merges`, telling the `merge_progress` listeners, if any, how far it is."""
+    progress = np.zeros(1, dtype=np.int64)
+    if not _merge_listeners:
+        return learn_merges(tokens, offsets, word_counts, num_merges, progress)
+    done = threading.Event()
+
+    def report():
+        last = 0
+        while not done.wait(_REPORT_EVERY_S):
+            now = int(progress[0])
+            if now != last:
+                _report_merges(now)
+                last = now
+
+    reporter = threading.Thread(target=report, name="nbbpe-merge-progress", daemon=True)
+    reporter.start()
+    try:
+        left, right = learn_merges(tokens, offsets, word_counts, num_merges, progress)
+    finally:
+        done.set()
+        reporter.join()
+    _report_merges(len(left))
+    return left, right
 
 
 @njit(cache=True, nogil=True)
@@ -235,13 +267,13 @@ def _file_word_lists(entry_pair, entry_word, n_entries, first_pair, n_pairs,
     return n_listed + n_entries
 
 
-@njit(cache=True)
-def learn_merges(tokens, offsets, word_counts, num_merges, report_every=0):
+@njit(cache=True, nogil=True)
+def learn_merges(tokens, offsets, word_counts, num_merges, progress):
     """Learn up to `num_merges` merges; return (left ids, right ids) in order of creation.
 
     tokens (int32, rewritten in place), offsets (int64, n_words + 1), word_counts (int64).
     Token ids 0-255 are bytes; merge k creates id 256 + k. Stops early when no pair is left.
-    With `report_every` > 0, progress goes to the `merge_progress` listeners that often.
+    progress[0] (int64) holds the merges done so far (see `merges_with_progress`).
     """
     n_words = offsets.shape[0] - 1
     # Per word, in one row so a visit touches one cache line: start, current length, count, and
@@ -502,9 +534,7 @@ def learn_merges(tokens, offsets, word_counts, num_merges, report_every=0):
             elif pair_count[p] > 0:
                 deferred[n_deferred] = p
                 n_deferred += 1
-        if report_every > 0 and n_merges % report_every == 0:
-            with objmode():
-                _report_merges(n_merges)
+        progress[0] = n_merges
 
     return merge_left[:n_merges], merge_right[:n_merges]
 
@@ -525,6 +555,6 @@ def compile_late_callees() -> None:
 
 def load_merge_kernels() -> None:
     """Compile, or load from Numba's cache, the merge kernels, by running them on a tiny input."""
-    # The same argument types as train_bpe's call, report_every included: an omitted default
-    # would be another signature, compiled apart.
-    learn_merges(np.zeros(2, np.int32), np.array([0, 2], np.int64), np.ones(1, np.int64), 1, 0)
+    # The same argument types as train_bpe's call.
+    learn_merges(np.zeros(2, np.int32), np.array([0, 2], np.int64), np.ones(1, np.int64), 1,
+                 np.zeros(1, np.int64))

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from .corpus import DEFAULT_CHUNK_BYTES
 from .intern import intern_words
 from .patterns import GPT2_PATTERN, validate_special_tokens
 from .pretokenize import count_pretokens_in_source, count_pretokens_in_texts
 
-_MERGES_PER_REPORT = 64  # how often the merge kernel updates the progress bar
 
 Vocab = dict[int, bytes]
 Merges = list[tuple[bytes, bytes]]
@@ -150,16 +149,16 @@ def _learn(counts, specials, num_merges, progress, timings, t0):
     """The merge loop on counted pre-tokens, and the vocab and merges it makes."""
     from tqdm import tqdm  # here, not at `import nbbpe` (~30 ms); no other thread runs now
 
-    from .merge import learn_merges, merge_progress
+    from .merge import merge_progress, merges_with_progress
 
     t1 = time.perf_counter()
     words = intern_words(counts)
     del counts
     t2 = time.perf_counter()
     with tqdm(total=num_merges, unit="merge", desc="merge", disable=not progress) as bar:
-        with merge_progress(lambda done: bar.update(done - bar.n)):
-            left, right = learn_merges(words.tokens, words.offsets, words.counts, num_merges,
-                                       report_every=_MERGES_PER_REPORT if progress else 0)
+        with merge_progress(lambda done: bar.update(done - bar.n)) if progress else nullcontext():
+            left, right = merges_with_progress(words.tokens, words.offsets, words.counts,
+                                               num_merges)
         bar.update(len(left) - bar.n)
     t3 = time.perf_counter()
 

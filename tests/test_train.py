@@ -255,8 +255,41 @@ def test_progress_reports_pretokenization_and_merges(capsys):
         vocab, merges = train_bpe(FIXTURES / "corpus.en", 500, [EOT], progress=True)
     err = capsys.readouterr().err
     assert "pre-tokenize" in err and "merge" in err and f"{len(merges)}/{500 - 257}" in err
-    assert seen == list(range(64, len(merges) + 1, 64))  # every 64 merges, from the kernel
+    # read from the kernel by another thread as it runs, and once at the end
+    assert seen and seen[-1] == len(merges) and seen == sorted(seen) and seen[0] > 0
     assert (vocab, merges) == train_bpe(FIXTURES / "corpus.en", 500, [EOT], progress=False)
+
+
+def test_merge_progress_is_read_from_the_running_kernel(monkeypatch):
+    # The reporter thread passes on each new count the kernel has written, while it runs; the
+    # kernel itself writes the merges done so far.
+    import threading
+
+    from nbbpe import merge
+
+    tokens = np.frombuffer(b"abababcdcd", dtype=np.uint8).astype(np.int32)
+    progress = np.zeros(1, dtype=np.int64)
+    left, _ = merge.learn_merges(tokens, np.array([0, 6, 10]), np.array([3, 2]), 3, progress)
+    assert len(left) == 3 and progress[0] == 3
+
+    seen, reached = [], threading.Event()
+
+    def fake_kernel(tokens, offsets, word_counts, num_merges, progress):
+        for n in (5, 9):  # each count waits until a report of it arrives
+            reached.clear()
+            progress[0] = n
+            assert reached.wait(10)
+        return np.zeros(12, np.int32), np.zeros(12, np.int32)
+
+    def listener(n):
+        seen.append(n)
+        reached.set()
+
+    monkeypatch.setattr(merge, "learn_merges", fake_kernel)
+    monkeypatch.setattr(merge, "_REPORT_EVERY_S", 0.001)
+    with merge.merge_progress(listener):
+        left, _ = merge.merges_with_progress(None, None, None, 12)
+    assert seen == [5, 9, 12] and len(left) == 12
 
 
 def test_first_run_precompiles_the_signatures_the_other_process_uses():
