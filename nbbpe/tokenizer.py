@@ -969,19 +969,14 @@ def _cut_long_texts(texts: list[str], size: int, special_tokens, whitespace_cuts
     last = []
     lengths = []
     for text in texts:
+        start = 0
         if len(text) > 2 * size:
-            start = 0
             for cut in safe_text_cuts(text, size, special_tokens, whitespace_cuts=whitespace_cuts):
                 pieces.append((text, start, cut))
                 lengths.append(cut - start)
                 start = cut
-            if start:
-                pieces.append((text, start, len(text)))
-                lengths.append(len(text) - start)
-                last.append(len(pieces) - 1)
-                continue
-        pieces.append(text)
-        lengths.append(len(text))
+        pieces.append((text, start, len(text)) if start else text)
+        lengths.append(len(text) - start)
         last.append(len(pieces) - 1)
     return pieces, np.array(last, dtype=np.int64), np.array(lengths, dtype=np.int64)
 
