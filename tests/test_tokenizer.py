@@ -957,6 +957,30 @@ def test_the_short_path_calls_the_kernel_at_its_address_and_falls_back_the_long_
             assert without._thread_state().text_call is None
 
 
+def test_uint16_ids_are_narrowed_by_the_short_paths_compiled_call(gpt2_files, tiktoken_gpt2,
+                                                                   monkeypatch):
+    # encode_to_numpy's default uint16 ids are rewritten as uint16 in place by `encode_text_at`
+    # (no astype): from the third text on, each is one compiled call, never the long way, and its
+    # ids (high ones too: 43,453 and the special 50,256) are tiktoken's, in any dtype asked for.
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    for text in ("a first text", "a second: it readies the short path for the third on"):
+        tokenizer.encode_to_numpy(text)
+    long_way = []
+    original = encode.DocumentEncoder.encode_text_long
+    monkeypatch.setattr(encode.DocumentEncoder, "encode_text_long",
+                        lambda self, *args: long_way.append(1) or original(self, *args))
+    texts = ["Hi", " SolidGoldMagikarp" * 3, f"a{EOT}b", read("web_sample.txt")[:1500], ""]
+    for text in texts:
+        expected = tiktoken_gpt2.encode(text, allowed_special="all")
+        ids = tokenizer.encode_to_numpy(text)
+        assert ids.dtype == np.uint16 and ids.tolist() == expected
+        assert ids.base is None  # a copy: the next call reuses the buffer
+        for dtype in (np.uint32, np.int64):
+            assert tokenizer.encode_to_numpy(text, dtype).tolist() == expected
+    assert max(tokenizer.encode_to_numpy(texts[1] + texts[2])) >= 43453
+    assert not long_way
+
+
 @settings(max_examples=100)
 @given(texts, st.sampled_from(["x", "s", "ll", " x", "1", "\u0301", "\n", " ", "'s", EOT]))
 def test_a_text_after_a_longer_one_on_the_short_path(gpt2, tiktoken_gpt2, text, after):
