@@ -745,6 +745,46 @@ def test_a_large_batch_on_one_thread_is_encoded_in_groups(gpt2_files, monkeypatc
     assert len(groups) >= 10 and max(groups) < 4 * 5000
 
 
+def test_groups_ids_are_copied_into_the_result_in_order_as_they_come(gpt2_files, monkeypatch):
+    # On threads the groups end in any order: each group's ids go into the result as soon as
+    # every group before it is in, and the result is shrunk to the ids (owning them). With
+    # no room for its upper bound (MemoryError), the parts are joined at the end as before.
+    import nbbpe.tokenizer
+    from nbbpe.tokenizer import _JoinedIds
+
+    joined = _JoinedIds(3, 100, np.uint16)
+    parts = [(np.array([1, 2], np.uint16), np.array([1, 2])), (np.zeros(0, np.uint16), np.array([0])),
+             (np.array([7, 8, 9], np.uint16), np.array([3]))]
+    for k in (2, 0, 1):
+        joined.add(k, parts[k])
+    ids, offsets = joined.result(4)
+    assert ids.tolist() == [1, 2, 7, 8, 9] and offsets.tolist() == [0, 1, 2, 2, 5]
+    assert ids.base is None and ids.dtype == np.uint16
+    missing = _JoinedIds(2, 10, np.uint16)
+    missing.add(1, parts[0])
+    with pytest.raises(RuntimeError, match="group 0 of the batch's 2 is missing"):
+        missing.result(2)
+
+    monkeypatch.setattr(nbbpe.tokenizer, "_GROUP_CHARS", 3000)
+    tok = Tokenizer(*gpt2_files, [EOT])
+    batch = read("web_sample.txt").split(EOT) + [read("multi_sample.txt")[:30000], "", "x"]
+    want = [tok.encode(text) for text in batch]
+    made = []
+    monkeypatch.setattr(nbbpe.tokenizer, "_JoinedIds",
+                        lambda *args: made.append(_JoinedIds(*args)) or made[-1])
+    for threads in (1, 2, 3):
+        ids, offsets = tok.encode_batch_to_numpy(batch, num_threads=threads)
+        assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
+        assert ids.base is None and len(ids) == offsets[-1]
+    assert len(made) == 3
+
+    def no_room(*args):
+        raise MemoryError
+    monkeypatch.setattr(nbbpe.tokenizer, "_JoinedIds", no_room)
+    ids, offsets = tok.encode_batch_to_numpy(batch, num_threads=2)
+    assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
+
+
 # Surrogates a str may hold: a pair (one character in UTF-8) and lone ones (U+FFFD each).
 SURROGATES = ["\ud83d\ude00", "\ud800", "\udfff", "\udc00 ", "a\ud83d"]
 surrogate_texts = st.lists(st.one_of(pieces, st.sampled_from(SURROGATES)), max_size=25).map("".join)
