@@ -410,7 +410,11 @@ class Tokenizer:
         # Read once: each pass over the texts in Python costs ~0.1 us a text.
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         total = int(lengths.sum())
-        threads = _thread_count(num_threads, len(texts), total, self._family is not None)
+        asked = _threads_asked(num_threads)
+        threads = _thread_count(asked, len(texts), total, self._family is not None)
+        if threads < asked:  # the pool starts with the first batch that asks for its threads,
+            _thread_pool(asked - 1)  # used or not: starting a thread took 0.4-5 ms here, which
+            # then delays no batch worth the threads (as a pool that starts on first use does)
         if self._family is not None and (threads > 1 or total > _GROUP_CHARS):
             return self._encode_pieces_on_threads(texts, lengths, threads, dtype)
         if threads == 1:
@@ -905,16 +909,21 @@ def _replace_lone_surrogates(text: str) -> str:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def _thread_count(num_threads: int | None, n_texts: int, size: int, texts_cut: bool) -> int:
-    """The threads worth using for a batch of `n_texts` texts of `size` characters in all:
-    `num_threads` (default: one per CPU), but no more than the texts (unless long texts are
-    cut, `texts_cut`) and one per 64 KB."""
+def _threads_asked(num_threads: int | None) -> int:
+    """`num_threads`, checked; by default one per CPU."""
     if num_threads is None:
         from .workers import default_num_workers
 
         num_threads = default_num_workers()
     if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+    return num_threads
+
+
+def _thread_count(num_threads: int, n_texts: int, size: int, texts_cut: bool) -> int:
+    """The threads worth using for a batch of `n_texts` texts of `size` characters in all:
+    `num_threads`, but no more than the texts (unless long texts are cut, `texts_cut`) and one
+    per 64 KB."""
     most = num_threads if texts_cut else min(num_threads, n_texts)
     return max(1, min(most, size // _SMALL_BATCH_BYTES + 1))
 

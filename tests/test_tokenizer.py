@@ -785,6 +785,24 @@ def test_groups_ids_are_copied_into_the_result_in_order_as_they_come(gpt2_files,
     assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
 
 
+def test_a_batch_asking_for_threads_starts_them_even_if_too_small_to_use_them(gpt2):
+    # A first small batch (the warm-up of a program that will send big ones) starts the pool
+    # of the threads asked for, so that the first big batch does not wait for them to start.
+    import nbbpe.tokenizer
+
+    old = nbbpe.tokenizer._pools.pop(6, None)
+    if old is not None:
+        old.shutdown()
+    assert gpt2.encode_batch(["tiny", "batch"], num_threads=7) == [gpt2.encode("tiny"),
+                                                                   gpt2.encode("batch")]
+    pool = nbbpe.tokenizer._pools[6]
+    assert len(pool._threads) == 6
+    assert gpt2.encode_batch(["again"], num_threads=7) == [gpt2.encode("again")]
+    assert nbbpe.tokenizer._pools[6] is pool  # started once
+    with pytest.raises(ValueError, match="num_threads must be a positive integer"):
+        gpt2.encode_batch(["x"], num_threads=0)
+
+
 # Surrogates a str may hold: a pair (one character in UTF-8) and lone ones (U+FFFD each).
 SURROGATES = ["\ud83d\ude00", "\ud800", "\udfff", "\udc00 ", "a\ud83d"]
 surrogate_texts = st.lists(st.one_of(pieces, st.sampled_from(SURROGATES)), max_size=25).map("".join)
