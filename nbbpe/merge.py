@@ -69,14 +69,14 @@ def merges_with_progress(tokens, offsets, word_counts, num_merges: int):
     if not _merge_listeners:
         return learn_merges(tokens, offsets, word_counts, num_merges, progress)
     done = threading.Event()
+    reported = [0]  # the last count told
 
     def report():
-        last = 0
         while not done.wait(_REPORT_EVERY_S):
             now = int(progress[0])
-            if now != last:
+            if now != reported[0]:
                 _report_merges(now)
-                last = now
+                reported[0] = now
 
     reporter = threading.Thread(target=report, name="nbbpe-merge-progress", daemon=True)
     reporter.start()
@@ -85,7 +85,8 @@ def merges_with_progress(tokens, offsets, word_counts, num_merges: int):
     finally:
         done.set()
         reporter.join()
-    _report_merges(len(left))
+    if reported[0] != len(left):  # the end, unless the reporter told it last
+        _report_merges(len(left))
     return left, right
 
 

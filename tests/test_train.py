@@ -274,8 +274,10 @@ def test_merge_progress_is_read_from_the_running_kernel(monkeypatch):
 
     seen, reached = [], threading.Event()
 
+    counts = (5, 9)
+
     def fake_kernel(tokens, offsets, word_counts, num_merges, progress):
-        for n in (5, 9):  # each count waits until a report of it arrives
+        for n in counts:  # each count waits until a report of it arrives
             reached.clear()
             progress[0] = n
             assert reached.wait(10)
@@ -290,6 +292,11 @@ def test_merge_progress_is_read_from_the_running_kernel(monkeypatch):
     with merge.merge_progress(listener):
         left, _ = merge.merges_with_progress(None, None, None, 12)
     assert seen == [5, 9, 12] and len(left) == 12
+    seen.clear()
+    counts = (5, 12)  # the reporter tells the end itself: it is not told twice
+    with merge.merge_progress(listener):
+        merge.merges_with_progress(None, None, None, 12)
+    assert seen == [5, 12]
 
 
 def test_first_run_precompiles_the_signatures_the_other_process_uses():
