@@ -359,8 +359,9 @@ class Tokenizer:
             text = _check_text(text, "encode_to_numpy")
         if self._family is None or len(text) > _LONG_TEXT_CHARS:
             return self._encode_long(text, dtype)
-        # The short path written out, as in encode, for uint16 ids (the default with up to
-        # 65,536 tokens), which the compiled call narrows in place (astype took ~0.15 us more).
+        # The short path written out, as in encode, for the default dtypes: uint16 ids (up to
+        # 65,536 tokens), which the compiled call narrows in place (astype took ~0.15 us more),
+        # and uint32 (the kernel's int32 ids, below 2**31: the same bits, copied).
         try:
             data = text.encode()
         except UnicodeEncodeError:
@@ -370,11 +371,17 @@ class Tokenizer:
         except AttributeError:  # this thread's first encode
             state = self._thread_state()
         call = state.text_call
-        if dtype is _UINT16 and call is not None and len(data) < state.text_room:
-            w = call(data, state.text_values, state.text_kernel, True)
-            if w >= 0:
-                return state.text_out_uint16[:w].copy()
-            return self._engine.documents.encode_text_long(data, state, dtype)
+        if call is not None and len(data) < state.text_room:
+            if dtype is _UINT16:
+                w = call(data, state.text_values, state.text_kernel, True)
+                if w >= 0:
+                    return state.text_out_uint16[:w].copy()
+                return self._engine.documents.encode_text_long(data, state, dtype)
+            if dtype is _UINT32:
+                w = call(data, state.text_values, state.text_kernel, False)
+                if w >= 0:
+                    return state.text_out_uint32[:w].copy()
+                return self._engine.documents.encode_text_long(data, state, dtype)
         return (self._engine or self._get_engine()).documents.encode_text(data, state, dtype)
 
     def _encode_long(self, text: str, dtype) -> np.ndarray:
