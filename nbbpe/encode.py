@@ -803,9 +803,9 @@ def encode_text_at(data, values, kernel, narrow):
     written to the packed output, or -1 if the kernel stopped before the end (or raised): then
     encode the text the long way. If `narrow`, the ids are also rewritten in place as uint16
     (id k over bytes 2k and 2k + 1, which hold ids already read): a copy of them is then the
-    result, cheaper than NumPy's astype (0.25 against 0.39 us for a short text). One call from Python, whose bytes argument unboxes faster
-    than an array, in place of setting the text's end and unboxing the kernel's five arguments
-    and result.
+    result, cheaper than NumPy's astype (0.25 against 0.39 us for a short text). One call from
+    Python, whose bytes argument unboxes faster than an array, in place of setting the text's
+    end and unboxing the kernel's five arguments and result.
 
     A text of up to `COPY_UP_TO` bytes is copied into the text buffer, which the kernel is told
     goes on `TEXT_PAD` bytes past the text's end: so it cuts the text's last 64 bytes a block at

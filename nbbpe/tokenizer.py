@@ -540,7 +540,8 @@ class Tokenizer:
             except MemoryError:  # more address space than the system gives: join at the end
                 pass
         if joined is None:
-            ids, piece_offsets = _join_parts(_run_groups(threads, encode, groups, dtype), len(pieces))
+            parts = _run_groups(threads, encode, groups, dtype)
+            ids, piece_offsets = _join_parts(parts, len(pieces))
         else:
             _run_groups(threads, encode, groups, dtype, joined.add)
             ids, piece_offsets = joined.result(len(pieces))
