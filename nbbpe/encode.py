@@ -1170,12 +1170,16 @@ class DocumentEncoder:
         """`encode_text` the long way: a first call, a text longer than the output buffer, a
         pre-token too long for the pass, a cache that grew, or a text the kernel stopped in."""
         state.doc_end[0] = len(data)
+        # The output buffer as it is (at least `_TEXT_ROOM` ids): a longer text takes more
+        # calls, its ids gathered in the result, rather than a buffer as long as the longest text
+        # kept for the thread (and a multi_1M document of 593 KB faulted in 1.4 MB of it).
+        room = max(len(state.out) - SPARE_IDS, _TEXT_ROOM + 1)
         ids = self._run(_frombuffer(data, _UINT8), state.doc_end, -1, state, state.doc_out_end,
-                        np.int32 if dtype is None else dtype)
-        self._ready_text_call(state, len(data))
+                        np.int32 if dtype is None else dtype, room)
+        self._ready_text_call(state)
         return ids.tolist() if dtype is None else ids
 
-    def _ready_text_call(self, state: ThreadState, length: int) -> None:
+    def _ready_text_call(self, state: ThreadState) -> None:
         """Ready the short path in `state`: pack its arguments (the cache and the output buffer
         may be new), for texts shorter than the output buffer (at least `_TEXT_ROOM` bytes)."""
         if self._text_entry is None:  # a first text: the short path waits for a second, so
@@ -1186,7 +1190,7 @@ class DocumentEncoder:
         if not self._text_entry:
             return
         table, specials, ranks, _ = self.tables
-        out = state.output(max(length, _TEXT_ROOM) + 1)
+        out = state.output(_TEXT_ROOM + 1)
         state.text_args = pack_encode_args(_NO_TEXT, table, state.doc_end, state.doc_out_end,
                                            state.scratch, out, specials, ranks, state.cache.table,
                                            state.text_buffer)
@@ -1218,20 +1222,21 @@ class DocumentEncoder:
         receives where each document's ids end. The arrays must be C-contiguous."""
         return self._run(buf, doc_ends, separator, state, doc_out_ends, dtype)
 
-    def _run(self, buf, doc_ends, separator, state, doc_out_ends, dtype):
+    def _run(self, buf, doc_ends, separator, state, doc_out_ends, dtype, room=None):
         """Call the kernel until every document is done, merging the long pre-tokens it stops
-        at and letting the cache grow when it asks; then let go of the documents."""
+        at and letting the cache grow when it asks; then let go of the documents. `room`: the
+        most ids the output buffer is asked to hold (default: all of them)."""
         try:
-            return self._calls(buf, doc_ends, separator, state, doc_out_ends, dtype)
+            return self._calls(buf, doc_ends, separator, state, doc_out_ends, dtype, room)
         finally:
             if state.run_args is not None:
                 release_documents(state.run_args)
 
-    def _calls(self, buf, doc_ends, separator, state, doc_out_ends, dtype):
+    def _calls(self, buf, doc_ends, separator, state, doc_out_ends, dtype, room):
         n_docs = len(doc_ends)
-        # At most one id per byte, plus the separators.
-        out = state.output(len(buf) + (n_docs if separator >= 0 else 0) + 1)
-        parts = []
+        most = len(buf) + (n_docs if separator >= 0 else 0) + 1  # one id a byte, separators
+        out = state.output(most if room is None else min(most, room))
+        ids = None  # once a call does not do it all: room for `most`, filled as they come
         total = 0
         doc = i = 0
         while True:
@@ -1242,16 +1247,20 @@ class DocumentEncoder:
                 self._entry = entry_point(self.kernel, (args.values, separator, total, doc, i))
             else:
                 w, doc, i, need = self._entry(args.values, separator, total, doc, i)
-            if doc == n_docs and not parts:  # the common case: one call did it all
+            if doc == n_docs and ids is None:  # the common case: one call did it all
                 return out[:w].astype(dtype)
-            parts.append(out[:w].astype(dtype))
+            if ids is None:
+                ids = np.empty(most, dtype=dtype)  # pages never written are never touched
+            ids[total : total + w] = out[:w]
             total += w
             if doc == n_docs:
-                return np.concatenate(parts)
+                ids.resize(total, refcheck=False)  # realloc: in place, the tail let go of
+                return ids
             if need > 0:
                 _, _, ranks, vocab = self.tables
-                parts.append(long_piece_ids(buf, i, need, ranks, vocab).astype(dtype))
-                total += len(parts[-1])
+                piece = long_piece_ids(buf, i, need, ranks, vocab)
+                ids[total : total + len(piece)] = piece
+                total += len(piece)
                 i += need
             elif need < 0:
                 state.make_room(cache)

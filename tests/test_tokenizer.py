@@ -1052,6 +1052,28 @@ def test_a_text_after_a_longer_one_on_the_short_path(gpt2, tiktoken_gpt2, text, 
         text, allowed_special="all")
 
 
+def test_a_text_longer_than_the_threads_buffer_takes_more_calls_not_a_bigger_buffer(gpt2_files,
+                                                                                     tiktoken_gpt2):
+    # One text at a time, a text with more ids than the thread's output buffer holds is
+    # encoded in several calls of the kernel (a pre-token too long for the pass among them),
+    # its ids gathered in the result: the buffer kept for the thread does not grow to the
+    # longest text's size.
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    for text in ("a first text", "a second: it readies the short path"):
+        tokenizer.encode(text)
+    state = tokenizer._thread_state()
+    size = len(state.out)
+    long_text = (read("multi_sample.txt") + " " + "x" * 3000 + EOT + read("web_sample.txt")) * 4
+    assert len(long_text.encode()) > 4 * size
+    expected = tiktoken_gpt2.encode(long_text, allowed_special="all")
+    for dtype in (None, np.uint16, np.int64):
+        ids = tokenizer.encode_to_numpy(long_text, dtype)
+        assert ids.tolist() == expected and ids.base is None and len(ids) == len(expected)
+    assert tokenizer.encode(long_text) == expected
+    assert len(state.out) == size and state.text_room == size - encode.SPARE_IDS
+    assert tokenizer.encode("Hello again") == tiktoken_gpt2.encode_ordinary("Hello again")
+
+
 def test_encode_gives_a_list_of_python_ints_on_the_short_path_and_the_long(gpt2_files,
                                                                            tiktoken_gpt2):
     # `encode` turns the kernel's ids into a list itself (no array of the tokenizer's dtype in
