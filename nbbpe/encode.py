@@ -1102,8 +1102,6 @@ class ThreadState:
 _OUT_ITEMS = 1 << 22  # ids per kernel call at most (16 MB)
 _TEXT_ROOM = 1 << 16  # ids the short path's output buffer has room for at least
 _UINT8 = np.dtype(np.uint8)
-_UINT16 = np.dtype(np.uint16)
-_UINT32 = np.dtype(np.uint32)
 _NO_TEXT = np.empty(0, dtype=np.uint8)  # packed in the short path's place of the text
 _AFTER_FIRST_TEXT = object()  # `DocumentEncoder._text_entry` once a first text is encoded
 _frombuffer = np.frombuffer
@@ -1152,16 +1150,13 @@ class DocumentEncoder:
         `bytes`): the short path, for texts encoded one at a time. One compiled call
         (`encode_text_at`) with the arguments kept packed in `state`, so that the Python around
         it costs well under 1 µs besides the copy of the ids: it is most of what a short text
-        costs."""
+        costs. `Tokenizer.encode` and `encode_to_numpy` make this call themselves for a list and
+        their default dtypes (uint16 narrowed by the call, uint32 read from `text_out_uint32`),
+        a frame less; other dtypes come here."""
         call = state.text_call
         if call is not None and len(data) < state.text_room:
-            narrow = dtype is _UINT16
-            w = call(data, state.text_values, state.text_kernel, narrow)
+            w = call(data, state.text_values, state.text_kernel, False)
             if w >= 0:
-                if narrow:
-                    return state.text_out_uint16[:w].copy()
-                if dtype is _UINT32:  # ids are below 2**31: the same bits, copied (0.35 µs,
-                    return state.text_out_uint32[:w].copy()  # astype: 0.48-0.56 µs)
                 ids = state.out[:w]
                 return ids.tolist() if dtype is None else ids.astype(dtype)
         return self.encode_text_long(data, state, dtype)

@@ -361,7 +361,8 @@ class Tokenizer:
             return self._encode_long(text, dtype)
         # The short path written out, as in encode, for the default dtypes: uint16 ids (up to
         # 65,536 tokens), which the compiled call narrows in place (astype took ~0.15 us more),
-        # and uint32 (the kernel's int32 ids, below 2**31: the same bits, copied).
+        # and uint32 (the kernel's int32 ids, below 2**31: the same bits, copied: 0.35 µs, where
+        # astype took 0.48-0.56 µs). Other dtypes take `DocumentEncoder.encode_text`.
         try:
             data = text.encode()
         except UnicodeEncodeError:
