@@ -347,7 +347,7 @@ class Tokenizer:
         if call is not None and len(data) < state.text_room:
             w = call(data, state.text_values, state.text_kernel, False)
             if w >= 0:
-                return state.out[:w].tolist()
+                return state.text_ids[w].tolist()
             return self._engine.documents.encode_text_long(data, state, None)
         return (self._engine or self._get_engine()).documents.encode_text(data, state, None)
 
@@ -376,12 +376,12 @@ class Tokenizer:
             if dtype is _UINT16:
                 w = call(data, state.text_values, state.text_kernel, True)
                 if w >= 0:
-                    return state.text_out_uint16[:w].copy()
+                    return state.text_ids_uint16[w].copy()
                 return self._engine.documents.encode_text_long(data, state, dtype)
             if dtype is _UINT32:
                 w = call(data, state.text_values, state.text_kernel, False)
                 if w >= 0:
-                    return state.text_out_uint32[:w].copy()
+                    return state.text_ids_uint32[w].copy()
                 return self._engine.documents.encode_text_long(data, state, dtype)
         return (self._engine or self._get_engine()).documents.encode_text(data, state, dtype)
 

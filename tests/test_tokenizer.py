@@ -1039,6 +1039,31 @@ def test_uint16_ids_are_narrowed_by_the_short_paths_compiled_call(gpt2_files, ti
     assert not long_way
 
 
+def test_the_short_paths_results_are_copies_of_views_kept_by_length(gpt2_files, tiktoken_gpt2):
+    # The short path's result is a copy of its first w ids, taken from a view of the thread's
+    # buffer made once per w (`encode.IdViews`): each result is its own array, which later calls
+    # do not change, in every dtype; views of more than `_KEPT_VIEWS` ids are not kept.
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    for text in ("a first text", "a second: it readies the short path"):
+        tokenizer.encode(text)
+    state = tokenizer._thread_state()
+    first, second = " one two three", " four five six"
+    assert len(tiktoken_gpt2.encode(first)) == len(tiktoken_gpt2.encode(second)) == 3
+    results = [(tokenizer.encode_to_numpy(t), tokenizer.encode_to_numpy(t, np.uint32),
+                tokenizer.encode(t), tokenizer.encode_to_numpy(t, np.int64))
+               for t in (first, second)]
+    for (u16, u32, ids, i64), text in zip(results, (first, second)):
+        expected = tiktoken_gpt2.encode(text)
+        assert u16.tolist() == u32.tolist() == ids == i64.tolist() == expected
+        assert u16.base is None and u32.base is None and i64.base is None
+    for views in (state.text_ids, state.text_ids_uint16, state.text_ids_uint32):
+        assert 3 in views and np.shares_memory(views[3], state.out)
+    long_text = "x " * (encode._KEPT_VIEWS + 10)
+    ids = tokenizer.encode_to_numpy(long_text)
+    assert ids.tolist() == tiktoken_gpt2.encode(long_text)
+    assert len(ids) > encode._KEPT_VIEWS and len(ids) not in state.text_ids_uint16
+
+
 @settings(max_examples=100)
 @given(texts, st.sampled_from(["x", "s", "ll", " x", "1", "\u0301", "\n", " ", "'s", EOT]))
 def test_a_text_after_a_longer_one_on_the_short_path(gpt2, tiktoken_gpt2, text, after):
