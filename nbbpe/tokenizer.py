@@ -378,17 +378,13 @@ class Tokenizer:
         except AttributeError:  # this thread's first encode
             state = self._thread_state()
         call = state.text_call
-        if call is not None and len(data) < state.text_room:
-            if dtype is _UINT16:
-                w = call(data, state.text_values, state.text_kernel, True)
-                if w >= 0:
-                    return state.text_ids_uint16[w].copy()
-                return self._engine.documents.encode_text_long(data, state, dtype)
-            if dtype is _UINT32:
-                w = call(data, state.text_values, state.text_kernel, False)
-                if w >= 0:
-                    return state.text_ids_uint32[w].copy()
-                return self._engine.documents.encode_text_long(data, state, dtype)
+        if call is not None and len(data) < state.text_room and (dtype is _UINT16
+                                                                 or dtype is _UINT32):
+            narrow = dtype is _UINT16
+            w = call(data, state.text_values, state.text_kernel, narrow)
+            if w >= 0:
+                return (state.text_ids_uint16 if narrow else state.text_ids_uint32)[w].copy()
+            return self._engine.documents.encode_text_long(data, state, dtype)
         return (self._engine or self._get_engine()).documents.encode_text(data, state, dtype)
 
     def _encode_long(self, text: str, dtype) -> np.ndarray:
