@@ -540,14 +540,33 @@ def learn_merges(tokens, offsets, word_counts, num_merges, progress):
     return merge_left[:n_merges], merge_right[:n_merges]
 
 
-def compile_late_callees() -> None:
+def compile_helpers(all_of_them: bool = False) -> None:
     """On a first run, while another process compiles `learn_merges` (`load_merge_kernels`):
-    compile here first some of the helpers it types, so it loads them from the cache when it
-    gets there: `_file_word_lists` (~1.5 s into its compile) and those it types last (~3 s in).
-    This process counts meanwhile; with these it ends about when the other does (on the first
-    `nbbpe train`, that process was the one the run waited for)."""
+    compile here some of the helpers it types, so that it loads them from the cache when it
+    gets there (or waits for this process to finish one: `kernel_cache`).
+
+    By default `_file_word_lists` (~1.5 s into its compile) and those it types last (~3 s in):
+    this process counts next, compiling the counting kernel, and with these it ends about when
+    the other does (on the first `nbbpe train`, that process was the one the run waited for).
+    With `all_of_them` (this process compiles no counting kernel): every helper, from the last
+    it types back to the first, while it compiles those it meets first itself; where they meet,
+    one loads what the other made. In its order, this process was the one waited for: the
+    other typed the next helper sooner than this one had it compiled."""
     ids = np.zeros(1, dtype=np.int32)
     ends = np.zeros(1, dtype=np.int64)
+    if all_of_them:  # the argument types of learn_merges' calls
+        one = np.int64(1)
+        heap = np.zeros((1, 4), dtype=np.int64)
+        arena = np.zeros(1, dtype=np.uint8)
+        _grow_rows(np.zeros((1, 4), dtype=np.int64), 1)
+        for dtype in (np.int64, np.int32, np.uint8):
+            grow(np.zeros(1, dtype=dtype), 1)
+        _heap_pop(heap, one, ids, ids, arena, ends, ends)
+        _heap_push(heap, np.int64(0), one, one, ids, ids, ends, arena, ends, ends)
+        _file_word_lists(ids, ids, 0, 0, 0, ids, 0, ends, ends, ends)
+        _new_table(one, ids, ids, np.int64(0))
+        _prefix_key(arena, one, one)
+        return
     _file_word_lists(ids, ids, 0, 0, 0, ids, 0, ends, ends, ends)
     for dtype in (np.uint8, np.int32, np.int64):
         grow(np.zeros(1, dtype=dtype), 1)

@@ -76,11 +76,17 @@ class RegexPretokenCounter:
         if place is None:
             def place(offset):
                 return f"buffer byte {offset}"
-        buf, doc_ends = check_utf8(buf, self.errors, place, doc_ends, offset_base)
         data = buf.tobytes()
         bounds = [0, *([len(data)] if doc_ends is None else doc_ends.tolist())]
-        for start, end in zip(bounds[:-1], bounds[1:]):
-            self._pretokenizer.count_into(self._counts, data[start:end].decode("utf-8"))
+        try:  # decoding checks the UTF-8: no kernel to compile on this path (see SMALL_SOURCE)
+            texts = [data[start:end].decode("utf-8") for start, end in zip(bounds, bounds[1:])]
+        except UnicodeDecodeError:  # the policy's error (naming the first bad byte) or fix
+            buf, doc_ends = check_utf8(buf, self.errors, place, doc_ends, offset_base)
+            data = buf.tobytes()
+            bounds = [0, *([len(data)] if doc_ends is None else doc_ends.tolist())]
+            texts = [data[start:end].decode("utf-8") for start, end in zip(bounds, bounds[1:])]
+        for text in texts:
+            self._pretokenizer.count_into(self._counts, text)
 
     def result(self):
         from .pretokenize_kernels import PretokenCounts
@@ -108,6 +114,40 @@ def pretokenizer_family(pattern: str, pretokenizer: str = "auto") -> str | None:
     return None if pretokenizer == "regex" else family
 
 
+def counting_compiles(pattern: str, pretokenizer: str) -> bool:
+    """Whether counting with `pretokenizer` compiles a kernel (a first run of the compiled path)."""
+    family = pretokenizer_family(pattern, pretokenizer)
+    if family is None:
+        return False
+    from .pretokenize_kernels import counter_is_compiled
+
+    return not counter_is_compiled(family)
+
+
+# A source of at most this many bytes, stored uncompressed, is counted with `regex` while the
+# compiled counter is not yet in Numba's cache (a first run): compiling it took 3.5-4.7 s here,
+# more than `regex` takes on such a source (in a fresh process, counting 1 MB of web text took
+# 1.0-1.1 s with `regex` and 0.8-0.9 s with the cached kernel; TinyStories' 1 MB sample, 0.1 s in
+# `regex` once Python is up). Once the kernel is cached (a larger source compiled it), it counts
+# small sources too.
+SMALL_SOURCE = 2 << 20
+
+
+def source_pretokenizer(files, pattern: str, pretokenizer: str, executor=None) -> str:
+    """The pre-tokenizer to count `files` (from `sources.resolve_source`) with: "regex" for
+    "auto" on a small local source when the compiled counter would be compiled for it (see
+    `SMALL_SOURCE`), else `pretokenizer`. Both count the same."""
+    from .workers import LocalExecutor
+
+    family = pretokenizer_family(pattern, pretokenizer)
+    if (pretokenizer != "auto" or family is None
+            or not (executor is None or isinstance(executor, LocalExecutor))
+            or any(file.compression or file.format == "parquet" for file in files)
+            or sum(file.size for file in files) > SMALL_SOURCE):
+        return pretokenizer
+    return "regex" if counting_compiles(pattern, pretokenizer) else pretokenizer
+
+
 def make_pretoken_counter(pattern: str, special_tokens: Sequence[str], errors: str,
                           pretokenizer: str = "auto"):
     """A counter for `pattern`: compiled where a scanner implements it ("auto"), else `regex`."""
@@ -118,6 +158,14 @@ def make_pretoken_counter(pattern: str, special_tokens: Sequence[str], errors: s
         return PretokenCounter(family, special_tokens, errors)
     compile_pattern(pattern)
     return RegexPretokenCounter(pattern, special_tokens, errors)
+
+
+def check_counting(pattern: str, special_tokens: Sequence[str], errors: str,
+                   pretokenizer: str) -> None:
+    """Raise for arguments counting would refuse (the error policy, the pre-tokenizer, the
+    pattern, the special tokens), before any source is read."""
+    check_errors_policy(errors)
+    make_pretoken_counter(pattern, list(special_tokens), errors, pretokenizer)
 
 
 class UnitCounter:
@@ -165,13 +213,14 @@ def count_pretokens_in_source(
     Returns a `PretokenCounts` table (unique pre-tokens as UTF-8 bytes, with counts). `executor`
     runs the units (default: the local threads). `meanwhile`, if given, is called once in
     another thread while the workers count (e.g. to load compiled kernels needed next).
+    "auto" counts a small source with `regex` on a first run (`source_pretokenizer`).
     """
     from .sources import plan_units, resolve_source
 
-    check_errors_policy(errors)
-    counter_args = (pattern, list(special_tokens), errors, pretokenizer)
-    make_pretoken_counter(*counter_args)  # checks the arguments before any work
+    check_counting(pattern, special_tokens, errors, pretokenizer)  # before any work
     files = resolve_source(source, text_field=text_field, text_column=text_column)
+    pretokenizer = source_pretokenizer(files, pattern, pretokenizer, executor)
+    counter_args = (pattern, list(special_tokens), errors, pretokenizer)
     units = plan_units(files, chunk_bytes=chunk_bytes, special_tokens=special_tokens,
                        pattern=pattern)
     total = sum(file.size for file in files)
@@ -188,9 +237,8 @@ def count_pretokens_in_texts(texts: Iterable[str], special_tokens: Sequence[str]
     """Count every pre-token of an iterable of str, each a document (read once, lazily)."""
     from .sources import iter_text_batches
 
-    check_errors_policy(errors)
+    check_counting(pattern, special_tokens, errors, pretokenizer)
     counter_args = (pattern, list(special_tokens), errors, pretokenizer)
-    make_pretoken_counter(*counter_args)
     batches = iter_text_batches(texts, batch_bytes=chunk_bytes, errors=errors)
     return count_items(batches, counter_args, executor=executor, errors=errors,
                        chunk_bytes=chunk_bytes, progress=progress, total=None,

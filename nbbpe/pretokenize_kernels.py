@@ -226,6 +226,11 @@ COUNTERS = {  # scanner family -> (its class table, its counting kernel)
 }
 
 
+def counter_is_compiled(family: str) -> bool:
+    """Whether the family's counting kernel is in Numba's cache (else it compiles on first use)."""
+    return cached(COUNTERS[family][1])
+
+
 class PretokenCounter:
     """Counts the pre-tokens of batches of UTF-8 documents into one table, for one scanner
     family ("gpt2", "cl100k", "o200k"). A thread keeps one counter for all its batches (`add`),

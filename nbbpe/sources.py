@@ -290,7 +290,8 @@ def _pack_texts(texts: Iterator[Any], batch_bytes: int, errors: str) -> Iterator
 def resolve_source(
     source, *, text_field: str = "text", text_column: str = "text"
 ) -> list[SourceFile]:
-    """The files of `source` in order: a path, directory, glob, URL, or a list/tuple of these.
+    """The files of `source` in order: a path, directory, glob, URL, or a list/tuple of these
+    (or of the `SourceFile`s this returned).
 
     Raises FileNotFoundError (missing path, glob without match); ValueError for an empty
     directory, an empty single file, or a source whose files are all empty; TypeError for what is
@@ -318,6 +319,8 @@ def _resolve(source, field: str, column: str, top: bool = False) -> list[tuple[S
                 "the source is an empty list" if top else "a source list inside the source is empty"
             )
         return [pair for element in source for pair in _resolve(element, field, column)]
+    if isinstance(source, SourceFile):  # resolved already (e.g. by `resolve_source`)
+        return [(source, True)]
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
     if not isinstance(source, str):

@@ -11,7 +11,9 @@ from contextlib import contextmanager, nullcontext
 from .corpus import DEFAULT_CHUNK_BYTES
 from .intern import intern_words
 from .patterns import GPT2_PATTERN, validate_special_tokens
-from .pretokenize import count_pretokens_in_source, count_pretokens_in_texts
+from .pretokenize import (check_counting, count_pretokens_in_source, count_pretokens_in_texts,
+                          counting_compiles, source_pretokenizer)
+from .sources import resolve_source
 
 
 Vocab = dict[int, bytes]
@@ -58,12 +60,14 @@ def train_bpe(
     """
     specials, num_merges, progress = _check_training(vocab_size, special_tokens, progress)
     t0 = time.perf_counter()
-    with _merge_kernels_meanwhile() as meanwhile:
+    executor = _executor(num_workers, client)
+    check_counting(pattern, specials, errors, pretokenizer)  # before the source is looked at
+    files = resolve_source(source, text_field=text_field, text_column=text_column)
+    pretokenizer = source_pretokenizer(files, pattern, pretokenizer, executor)
+    with _merge_kernels_meanwhile(counting_compiles(pattern, pretokenizer)) as meanwhile:
         counts = count_pretokens_in_source(
-            source, specials, pattern=pattern, pretokenizer=pretokenizer,
-            executor=_executor(num_workers, client), chunk_bytes=chunk_bytes, errors=errors,
-            progress=progress, text_field=text_field, text_column=text_column,
-            meanwhile=meanwhile,
+            files, specials, pattern=pattern, pretokenizer=pretokenizer, executor=executor,
+            chunk_bytes=chunk_bytes, errors=errors, progress=progress, meanwhile=meanwhile,
         )
     return _learn(counts, specials, num_merges, progress, timings, t0)
 
@@ -90,7 +94,8 @@ def train_bpe_from_iterator(
     """
     specials, num_merges, progress = _check_training(vocab_size, special_tokens, progress)
     t0 = time.perf_counter()
-    with _merge_kernels_meanwhile() as meanwhile:
+    check_counting(pattern, specials, errors, pretokenizer)  # before the first text is read
+    with _merge_kernels_meanwhile(counting_compiles(pattern, pretokenizer)) as meanwhile:
         counts = count_pretokens_in_texts(
             texts, specials, pattern=pattern, pretokenizer=pretokenizer,
             executor=_executor(num_workers, client), chunk_bytes=chunk_bytes, errors=errors,
@@ -100,17 +105,19 @@ def train_bpe_from_iterator(
 
 
 @contextmanager
-def _merge_kernels_meanwhile():
+def _merge_kernels_meanwhile(counting_compiles: bool):
     """While counting: the merge kernels are loaded from the cache in a thread (given to the
-    counting as `meanwhile`), or, on a first run, compiled in another process (then None)."""
+    counting as `meanwhile`), or, on a first run, compiled in another process (then None), this
+    one compiling some of their helpers first, and more of them if it compiles no counting
+    kernel (`merge.compile_helpers`)."""
     from .kernel_cache import cached, compile_elsewhere
-    from .merge import compile_late_callees, learn_merges, load_merge_kernels
+    from .merge import compile_helpers, learn_merges, load_merge_kernels
 
     if cached(learn_merges):
         yield load_merge_kernels
         return
     with compile_elsewhere("from nbbpe.merge import load_merge_kernels; load_merge_kernels()"):
-        compile_late_callees()
+        compile_helpers(all_of_them=not counting_compiles)
         yield None
 
 

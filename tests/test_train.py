@@ -93,7 +93,7 @@ def test_stops_early_when_no_pair_is_left(tmp_path):
     assert len(vocab) == 257 + 2
 
 
-@pytest.mark.parametrize("pretokenizer", ["auto", "regex"])
+@pytest.mark.parametrize("pretokenizer", ["compiled", "regex"])
 def test_same_result_for_any_worker_count_and_chunk_size(tmp_path, pretokenizer):
     text = (FIXTURES / "corpus.en").read_text(encoding="utf-8")[:60_000]
     path = write(tmp_path, text)
@@ -127,7 +127,7 @@ BUILT_IN_PATTERNS = [nbbpe.GPT2_PATTERN, nbbpe.CL100K_PATTERN, nbbpe.O200K_PATTE
     extra=st.integers(0, 60),
     workers=st.sampled_from([1, 2]),
     chunk_bytes=st.sampled_from([7, 64, 1 << 20]),
-    pretokenizer=st.sampled_from(["auto", "regex"]),
+    pretokenizer=st.sampled_from(["compiled", "regex"]),
     pattern=st.sampled_from(BUILT_IN_PATTERNS),
 )
 def test_fast_path_equals_reference_on_random_corpora(tmp_path_factory, pieces, extra, workers,
@@ -147,7 +147,7 @@ def test_each_built_in_pattern_trains_as_the_reference_on_real_text(tmp_path, pa
             + " 12345 I'M DONE\r\n")
     path = write(tmp_path, text)
     expected = reference_train_bpe(text, 600, [EOT], pattern=pattern)
-    for pretokenizer in ("auto", "regex"):
+    for pretokenizer in ("compiled", "regex"):
         assert train_bpe(path, 600, [EOT], pattern=pattern, pretokenizer=pretokenizer,
                          num_workers=2, chunk_bytes=3000) == expected
 
@@ -170,7 +170,7 @@ def test_ties_of_every_kind_on_small_alphabets(tmp_path_factory, words, extra):
     assert train_bpe(path, 256 + extra, []) == reference_train_bpe(text, 256 + extra)
 
 
-@pytest.mark.parametrize("pretokenizer", ["auto", "regex"])
+@pytest.mark.parametrize("pretokenizer", ["compiled", "regex"])
 def test_invalid_utf8_strict_names_the_offset_and_replace_reads_fffd(tmp_path, pretokenizer):
     data = b"hello world " * 10 + b"caf\xe9 bar" + b" tail \xf0\x9f\x99<|endoftext|>" * 10
     path = write(tmp_path, data)
@@ -308,7 +308,7 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
     from nbbpe import encode, merge, pretokenize_kernels
     from nbbpe.encode_tables import copy_ids, find, is_full
 
-    merge.compile_late_callees()
+    merge.compile_helpers(all_of_them=True)
     for dtype in (types.uint8, types.int32, types.int64):
         assert (types.Array(dtype, 1, "C"), types.int64) in merge.grow.signatures
     assert pretokenize_kernels.grow is merge.grow  # counting's tables grow with the same copy
@@ -316,6 +316,12 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
     ids, ends = types.Array(types.int32, 1, "C"), types.Array(types.int64, 1, "C")
     assert (ids, ids, types.int64, types.int64, types.int64, ids, types.int64, ends, ends,
             ends) in merge._file_word_lists.signatures
+    arena, heap = types.Array(types.uint8, 1, "C"), types.Array(types.int64, 2, "C")
+    assert (arena, types.int64, types.int64) in merge._prefix_key.signatures
+    assert (types.int64, ids, ids, types.int64) in merge._new_table.signatures
+    assert (heap, types.int64, types.int64, types.int64, ids, ids, ends, arena, ends,
+            ends) in merge._heap_push.signatures
+    assert (heap, types.int64, ids, ids, arena, ends, ends) in merge._heap_pop.signatures
     text = types.Array(types.uint8, 1, "C", readonly=True)
     int64s, int32s = types.Array(types.int64, 1, "C"), types.Array(types.int32, 1, "C")
     cache = typeof(encode.SharedCache(encode.new_table(16, 256, 64), 16).table)
@@ -340,3 +346,66 @@ def test_python_callers_do_not_compile_inlined_helpers():
     assert tok.encode("a" * 300 + " hello") == tok.encode("a" * 300) + tok.encode(" hello")
     assert encode.new_scratch().size > 0
     assert encode._heap_space.signatures == []
+
+
+def _counters_used(monkeypatch):
+    """The kinds of counter ("compiled", "regex") that count anything from now on."""
+    from nbbpe import pretokenize, pretokenize_kernels
+
+    used = []
+    for kind, cls in (("compiled", pretokenize_kernels.PretokenCounter),
+                      ("regex", pretokenize.RegexPretokenCounter)):
+        def add(self, *args, _add=cls.add, _kind=kind, **kwargs):
+            used.append(_kind)
+            return _add(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "add", add)
+    return used
+
+
+def test_a_first_run_counts_a_small_source_with_regex_and_learns_the_same(tmp_path, monkeypatch):
+    # Compiling the counting kernel takes seconds, more than `regex` takes on a small source: a
+    # first run ("auto", the kernel not in the cache) counts it with `regex`, the same counts.
+    import gzip
+
+    from nbbpe import pretokenize, pretokenize_kernels
+
+    text = (FIXTURES / "corpus.en").read_text(encoding="utf-8")[:30_000]
+    path = write(tmp_path, text)
+    expected = reference_train_bpe(text, 400, [EOT])
+    used = _counters_used(monkeypatch)
+    compiled = {"gpt2": False}
+    monkeypatch.setattr(pretokenize_kernels, "counter_is_compiled", lambda f: compiled[f])
+    assert train_bpe(path, 400, [EOT]) == expected and set(used) == {"regex"}
+    used.clear()
+    assert train_bpe(path, 400, [EOT], pretokenizer="compiled") == expected  # as asked
+    assert set(used) == {"compiled"}
+    used.clear()
+    monkeypatch.setattr(pretokenize, "SMALL_SOURCE", len(text.encode()) - 1)  # not small
+    assert train_bpe(path, 400, [EOT]) == expected and set(used) == {"compiled"}
+    monkeypatch.setattr(pretokenize, "SMALL_SOURCE", 2 << 20)
+    used.clear()
+    packed = tmp_path / "corpus.txt.gz"  # compressed: its size says little of the text's
+    packed.write_bytes(gzip.compress(text.encode()))
+    assert train_bpe(packed, 400, [EOT]) == expected and set(used) == {"compiled"}
+    used.clear()
+    compiled["gpt2"] = True  # cached: the kernel counts small sources too
+    assert train_bpe(path, 400, [EOT]) == expected and set(used) == {"compiled"}
+
+
+def test_source_pretokenizer_keeps_what_is_asked_off_the_first_run_of_a_local_source(
+        tmp_path, monkeypatch):
+    from nbbpe import pretokenize_kernels
+    from nbbpe.pretokenize import source_pretokenizer
+    from nbbpe.sources import resolve_source
+    from nbbpe.workers import LocalExecutor
+
+    monkeypatch.setattr(pretokenize_kernels, "counter_is_compiled", lambda family: False)
+    files = resolve_source(write(tmp_path, "some text"))
+    gpt2 = nbbpe.GPT2_PATTERN
+    assert source_pretokenizer(files, gpt2, "auto") == "regex"
+    assert source_pretokenizer(files, gpt2, "auto", LocalExecutor(2)) == "regex"
+    assert source_pretokenizer(files, gpt2, "auto", object()) == "auto"  # e.g. a Dask cluster
+    assert source_pretokenizer(files, r"\w+|\s+", "auto") == "auto"  # regex anyway
+    assert source_pretokenizer(files, gpt2, "regex") == "regex"
+    assert source_pretokenizer(files, gpt2, "compiled") == "compiled"
