@@ -153,6 +153,14 @@ def check_utf8(data, errors: str, place, doc_ends=None, offset_base: int | None 
     return np.frombuffer(b"".join(fixed), dtype=np.uint8), (None if doc_ends is None else new_ends)
 
 
+def compile_utf8_check() -> None:
+    """Compile (or load) `check_utf8`'s kernel, for the argument types of the text it is given
+    (read-only bytes)."""
+    from .scanners.classes import first_invalid_utf8
+
+    first_invalid_utf8(np.frombuffer(b"a", dtype=np.uint8), 0, 1)
+
+
 def first_invalid_utf8_error(path, ranges, found: InvalidUTF8Error) -> InvalidUTF8Error:
     """The error for the file's first invalid byte: `found`, or one in an earlier chunk.
 

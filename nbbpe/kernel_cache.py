@@ -6,10 +6,13 @@ holding the GIL, so a thread cannot overlap it with other compiling: where a sta
 will need kernels that are not cached yet, it compiles them in another process
 (`compile_elsewhere`) while this one compiles or works on something else, then loads them from
 the cache. This roughly halves the first run on two cores. Kernels both processes need (the
-helpers of the other's kernel) are compiled here first, before the other process reaches them,
-so that it loads them instead of compiling them at the same time (`merge.compile_late_callees`,
+helpers of the other's kernel) are compiled here, before the other process reaches them, so
+that it loads them instead of compiling them at the same time (`merge.compile_helpers`,
 `encode.compile_shared_first`); should one still reach a kernel the other is compiling, it
-waits for it and loads it (`_compile_lock`). Nothing changes once the cache is warm, and if the
+waits for it and loads it (`_compile_lock`). A process with nothing left to compile but a wait
+for the other compiles meanwhile what it needs next (`compile_elsewhere.running`), and a small
+job may skip a kernel altogether (a first `nbbpe train` on a few MB counts with `regex`:
+`pretokenize.source_pretokenizer`). Nothing changes once the cache is warm, and if the
 other process fails, the kernels are simply compiled here when first used.
 
 A cached kernel is used only if no module of kernels has changed since it was compiled (see
@@ -332,6 +335,10 @@ class compile_elsewhere:
                                                  stderr=subprocess.DEVNULL)
             except OSError:  # no second process: compile here later
                 self._process = None
+
+    def running(self) -> bool:
+        """Whether the child is still compiling (so this process would wait for it)."""
+        return self._process is not None and self._process.poll() is None
 
     def wait(self) -> None:
         if self._process is not None:

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import regex
 
-from .corpus import safe_text_cuts, whitespace_cuts_allowed
+from .corpus import compile_utf8_check, safe_text_cuts, whitespace_cuts_allowed
 from .patterns import (
     CL100K_PATTERN,
     GPT2_PATTERN,
@@ -810,7 +810,7 @@ class _Engine(NamedTuple):
         # (and compiles the kernels of) the tables.
         first_run = kernel is not None and not cached(kernel)
         with compile_elsewhere(f"from nbbpe.encode import warm_up; warm_up({t._family!r}, {mode})",
-                               needed=first_run):
+                               needed=first_run) as elsewhere:
             if first_run:
                 encode.compile_shared_first(mode)
             if mode == encode.MERGES:
@@ -823,6 +823,8 @@ class _Engine(NamedTuple):
                                                  token_ids[regular], t._byte_ids, t.n_vocab)
             vocab_table = encode.build_vocab_table(t._token_bytes, t._token_offsets,
                                                    token_ids[regular], ranks)
+            if elsewhere.running():  # this process would only wait (~1 s on the README's job):
+                compile_utf8_check()  # files are read through; compiled after it, 0.3 s more
         documents = None
         if kernel is not None:
             class_table = encode.encoder_for(t._family, mode)[0]

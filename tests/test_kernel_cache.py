@@ -216,3 +216,30 @@ def test_the_short_path_is_ready_after_the_second_text():
     assert tok.encode("hello world") == tok.encode("hello world") == [31373, 995]
     assert tok._thread_state().text_call is not None
     assert tok.encode("hello world") == [31373, 995]
+
+
+def test_running_says_whether_the_other_process_still_compiles():
+    elsewhere = kernel_cache.compile_elsewhere("import time; time.sleep(0.5)")
+    assert elsewhere.running()
+    elsewhere.wait()
+    assert not elsewhere.running()
+    assert not kernel_cache.compile_elsewhere("pass", needed=False).running()
+
+
+def test_the_utf8_check_compiled_ahead_is_the_one_text_files_are_checked_with(tmp_path):
+    # `nbbpe encode`'s first run compiles it while waiting for the other process: for the very
+    # argument types a file's batches have, or they would compile it again afterwards
+    from nbbpe.corpus import check_utf8, compile_utf8_check
+    from nbbpe.scanners.classes import first_invalid_utf8
+    from nbbpe.sources import plan_units, read_unit, resolve_source
+
+    compile_utf8_check()
+    compiled = set(first_invalid_utf8.signatures)
+    path = tmp_path / "text.txt"
+    path.write_bytes("some text, café\n".encode() * 100)
+    batches = [batch for unit in plan_units(resolve_source(str(path)), chunk_bytes=256)
+               for batch in read_unit(unit, chunk_bytes=256)]
+    assert len(batches) > 1
+    for batch in batches:
+        check_utf8(batch.data, "strict", batch.place, batch.doc_ends)
+    assert set(first_invalid_utf8.signatures) == compiled
