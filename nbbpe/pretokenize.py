@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from .corpus import DEFAULT_CHUNK_BYTES, check_errors_policy
-from .patterns import GPT2_PATTERN, compile_pattern, scanner_family, special_token_regex
+from .patterns import (GPT2_PATTERN, compile_pattern, scanner_family, special_token_regex,
+                       validate_special_tokens)
 
 PRETOKENIZERS = ("auto", "compiled", "regex")
 
@@ -163,9 +164,11 @@ def make_pretoken_counter(pattern: str, special_tokens: Sequence[str], errors: s
 def check_counting(pattern: str, special_tokens: Sequence[str], errors: str,
                    pretokenizer: str) -> None:
     """Raise for arguments counting would refuse (the error policy, the pre-tokenizer, the
-    pattern, the special tokens), before any source is read."""
+    pattern, the special tokens), before any source is read; without importing the kernels."""
     check_errors_policy(errors)
-    make_pretoken_counter(pattern, list(special_tokens), errors, pretokenizer)
+    pretokenizer_family(pattern, pretokenizer)
+    compile_pattern(pattern)
+    validate_special_tokens(special_tokens)
 
 
 class UnitCounter:

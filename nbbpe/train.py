@@ -62,9 +62,10 @@ def train_bpe(
     t0 = time.perf_counter()
     executor = _executor(num_workers, client)
     check_counting(pattern, specials, errors, pretokenizer)  # before the source is looked at
-    files = resolve_source(source, text_field=text_field, text_column=text_column)
-    pretokenizer = source_pretokenizer(files, pattern, pretokenizer, executor)
-    with _merge_kernels_meanwhile(counting_compiles(pattern, pretokenizer)) as meanwhile:
+    with _merge_kernels_meanwhile() as (meanwhile, compile_helpers):
+        files = resolve_source(source, text_field=text_field, text_column=text_column)
+        pretokenizer = source_pretokenizer(files, pattern, pretokenizer, executor)
+        compile_helpers(counting_compiles(pattern, pretokenizer))
         counts = count_pretokens_in_source(
             files, specials, pattern=pattern, pretokenizer=pretokenizer, executor=executor,
             chunk_bytes=chunk_bytes, errors=errors, progress=progress, meanwhile=meanwhile,
@@ -95,7 +96,8 @@ def train_bpe_from_iterator(
     specials, num_merges, progress = _check_training(vocab_size, special_tokens, progress)
     t0 = time.perf_counter()
     check_counting(pattern, specials, errors, pretokenizer)  # before the first text is read
-    with _merge_kernels_meanwhile(counting_compiles(pattern, pretokenizer)) as meanwhile:
+    with _merge_kernels_meanwhile() as (meanwhile, compile_helpers):
+        compile_helpers(counting_compiles(pattern, pretokenizer))
         counts = count_pretokens_in_texts(
             texts, specials, pattern=pattern, pretokenizer=pretokenizer,
             executor=_executor(num_workers, client), chunk_bytes=chunk_bytes, errors=errors,
@@ -105,20 +107,24 @@ def train_bpe_from_iterator(
 
 
 @contextmanager
-def _merge_kernels_meanwhile(counting_compiles: bool):
-    """While counting: the merge kernels are loaded from the cache in a thread (given to the
-    counting as `meanwhile`), or, on a first run, compiled in another process (then None), this
-    one compiling some of their helpers first, and more of them if it compiles no counting
-    kernel (`merge.compile_helpers`)."""
+def _merge_kernels_meanwhile():
+    """While counting: (meanwhile, compile_helpers). The merge kernels are loaded from the cache
+    in a thread (`meanwhile`, given to the counting), or, on a first run, compiled in another
+    process started at once (then `meanwhile` is None), this one compiling some of their
+    helpers first: `compile_helpers(counting_compiles)`, more of them if it compiles no
+    counting kernel (`merge.compile_helpers`)."""
     from .kernel_cache import cached, compile_elsewhere
     from .merge import compile_helpers, learn_merges, load_merge_kernels
 
     if cached(learn_merges):
-        yield load_merge_kernels
+        yield load_merge_kernels, _nothing_to_compile
         return
     with compile_elsewhere("from nbbpe.merge import load_merge_kernels; load_merge_kernels()"):
-        compile_helpers(all_of_them=not counting_compiles)
-        yield None
+        yield None, lambda counting_compiles: compile_helpers(all_of_them=not counting_compiles)
+
+
+def _nothing_to_compile(counting_compiles: bool) -> None:
+    pass
 
 
 def _check_training(vocab_size, special_tokens, progress):
