@@ -389,6 +389,11 @@ def test_a_first_run_counts_a_small_source_with_regex_and_learns_the_same(tmp_pa
     packed.write_bytes(gzip.compress(text.encode()))
     assert train_bpe(packed, 400, [EOT]) == expected and set(used) == {"compiled"}
     used.clear()
+    docs = text.split(EOT)  # JSONL: a document a line, each as hard a boundary as EOT
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs), encoding="utf-8")
+    assert train_bpe(lines, 400, [EOT]) == expected and set(used) == {"regex"}
+    used.clear()
     compiled["gpt2"] = True  # cached: the kernel counts small sources too
     assert train_bpe(path, 400, [EOT]) == expected and set(used) == {"compiled"}
 
