@@ -554,23 +554,26 @@ def compile_helpers(all_of_them: bool = False) -> None:
     other typed the next helper sooner than this one had it compiled."""
     ids = np.zeros(1, dtype=np.int32)
     ends = np.zeros(1, dtype=np.int64)
-    if all_of_them:  # the argument types of learn_merges' calls
-        one = np.int64(1)
-        heap = np.zeros((1, 4), dtype=np.int64)
-        arena = np.zeros(1, dtype=np.uint8)
-        _grow_rows(np.zeros((1, 4), dtype=np.int64), 1)
-        for dtype in (np.int64, np.int32, np.uint8):
-            grow(np.zeros(1, dtype=dtype), 1)
-        _heap_pop(heap, one, ids, ids, arena, ends, ends)
-        _heap_push(heap, np.int64(0), one, one, ids, ids, ends, arena, ends, ends)
-        _file_word_lists(ids, ids, 0, 0, 0, ids, 0, ends, ends, ends)
-        _new_table(one, ids, ids, np.int64(0))
-        _prefix_key(arena, one, one)
-        return
-    _file_word_lists(ids, ids, 0, 0, 0, ids, 0, ends, ends, ends)
-    for dtype in (np.uint8, np.int32, np.int64):
-        grow(np.zeros(1, dtype=dtype), 1)
-    _grow_rows(np.zeros((1, 4), dtype=np.int64), 1)
+    one = np.int64(1)
+    heap = np.zeros((1, 4), dtype=np.int64)
+    arena = np.zeros(1, dtype=np.uint8)
+    # learn_merges' helpers, called with the argument types of its calls, in the order it first
+    # types them: these two, `_file_word_lists`, the heap's two, then the growing of arrays
+    typed_first = [lambda: _prefix_key(arena, one, one),
+                   lambda: _new_table(one, ids, ids, np.int64(0))]
+    word_lists = [lambda: _file_word_lists(ids, ids, 0, 0, 0, ids, 0, ends, ends, ends)]
+    heap_calls = [
+        lambda: _heap_push(heap, np.int64(0), one, one, ids, ids, ends, arena, ends, ends),
+        lambda: _heap_pop(heap, one, ids, ids, arena, ends, ends)]
+    typed_last = [lambda: _grow_rows(heap, 1)] + [
+        lambda array=np.zeros(1, dtype=dtype): grow(array, 1)
+        for dtype in (np.uint8, np.int32, np.int64)]
+    if all_of_them:
+        helpers = (typed_first + word_lists + heap_calls + typed_last)[::-1]
+    else:
+        helpers = word_lists + typed_last
+    for compile_helper in helpers:
+        compile_helper()
 
 
 def load_merge_kernels() -> None:

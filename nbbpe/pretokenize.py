@@ -77,15 +77,11 @@ class RegexPretokenCounter:
         if place is None:
             def place(offset):
                 return f"buffer byte {offset}"
-        data = buf.tobytes()
-        bounds = [0, *([len(data)] if doc_ends is None else doc_ends.tolist())]
         try:  # decoding checks the UTF-8: no kernel to compile on this path (see SMALL_SOURCE)
-            texts = [data[start:end].decode("utf-8") for start, end in zip(bounds, bounds[1:])]
+            texts = _decoded_documents(buf, doc_ends)
         except UnicodeDecodeError:  # the policy's error (naming the first bad byte) or fix
-            buf, doc_ends = check_utf8(buf, self.errors, place, doc_ends, offset_base)
-            data = buf.tobytes()
-            bounds = [0, *([len(data)] if doc_ends is None else doc_ends.tolist())]
-            texts = [data[start:end].decode("utf-8") for start, end in zip(bounds, bounds[1:])]
+            texts = _decoded_documents(*check_utf8(buf, self.errors, place, doc_ends,
+                                                   offset_base))
         for text in texts:
             self._pretokenizer.count_into(self._counts, text)
 
@@ -100,6 +96,13 @@ class RegexPretokenCounter:
             offsets,
             np.fromiter(self._counts.values(), dtype=np.int64, count=len(words)),
         )
+
+
+def _decoded_documents(buf: np.ndarray, doc_ends) -> list[str]:
+    """The documents of UTF-8 `buf` (ending at `doc_ends`, default one), decoded strictly."""
+    data = buf.tobytes()
+    bounds = [0, *([len(data)] if doc_ends is None else doc_ends.tolist())]
+    return [data[start:end].decode("utf-8") for start, end in zip(bounds, bounds[1:])]
 
 
 def pretokenizer_family(pattern: str, pretokenizer: str = "auto") -> str | None:
