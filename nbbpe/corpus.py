@@ -153,6 +153,24 @@ def check_utf8(data, errors: str, place, doc_ends=None, offset_base: int | None 
     return np.frombuffer(b"".join(fixed), dtype=np.uint8), (None if doc_ends is None else new_ends)
 
 
+def decoded_documents(data, doc_ends, errors: str, place,
+                      offset_base: int | None = None) -> list[str]:
+    """The documents of `data` (a uint8 array of UTF-8 documents ending at `doc_ends`, or one if
+    None) as `str`, under the policy as `check_utf8` applies it. Python's decoder checks the
+    bytes; the UTF-8 kernel runs only when it fails (to name the first bad byte, or to replace
+    as the compiled paths do), so valid text compiles nothing."""
+    try:
+        return _decode(data, doc_ends)
+    except UnicodeDecodeError:
+        return _decode(*check_utf8(data, errors, place, doc_ends, offset_base))
+
+
+def _decode(data, doc_ends) -> list[str]:
+    raw = data.tobytes()
+    bounds = [0, *([len(raw)] if doc_ends is None else doc_ends.tolist())]
+    return [raw[start:end].decode("utf-8") for start, end in zip(bounds, bounds[1:])]
+
+
 def compile_utf8_check() -> None:
     """Compile (or load) `check_utf8`'s kernel, for the argument types of the text it is given
     (read-only bytes)."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .corpus import DEFAULT_CHUNK_BYTES, check_errors_policy
+from .corpus import DEFAULT_CHUNK_BYTES, check_errors_policy, decoded_documents
 from .patterns import (GPT2_PATTERN, compile_pattern, scanner_family, special_token_regex,
                        validate_special_tokens)
 
@@ -71,18 +71,12 @@ class RegexPretokenCounter:
         self._counts: Counter = Counter()
 
     def add(self, buf, doc_ends=None, *, place=None, offset_base: int | None = None) -> None:
-        from .corpus import check_utf8
-
         buf = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
         if place is None:
             def place(offset):
                 return f"buffer byte {offset}"
-        try:  # decoding checks the UTF-8: no kernel to compile on this path (see SMALL_SOURCE)
-            texts = _decoded_documents(buf, doc_ends)
-        except UnicodeDecodeError:  # the policy's error (naming the first bad byte) or fix
-            texts = _decoded_documents(*check_utf8(buf, self.errors, place, doc_ends,
-                                                   offset_base))
-        for text in texts:
+        # decoding checks the UTF-8: no kernel to compile on this path (see SMALL_SOURCE)
+        for text in decoded_documents(buf, doc_ends, self.errors, place, offset_base):
             self._pretokenizer.count_into(self._counts, text)
 
     def result(self):
@@ -96,13 +90,6 @@ class RegexPretokenCounter:
             offsets,
             np.fromiter(self._counts.values(), dtype=np.int64, count=len(words)),
         )
-
-
-def _decoded_documents(buf: np.ndarray, doc_ends) -> list[str]:
-    """The documents of UTF-8 `buf` (ending at `doc_ends`, default one), decoded strictly."""
-    data = buf.tobytes()
-    bounds = [0, *([len(data)] if doc_ends is None else doc_ends.tolist())]
-    return [data[start:end].decode("utf-8") for start, end in zip(bounds, bounds[1:])]
 
 
 def pretokenizer_family(pattern: str, pretokenizer: str = "auto") -> str | None:
