@@ -37,7 +37,7 @@ import time
 import numpy as np
 import psutil
 
-from .corpus import DEFAULT_CHUNK_BYTES, check_errors_policy, check_utf8
+from .corpus import DEFAULT_CHUNK_BYTES, check_errors_policy, check_utf8, decoded_documents
 from .tokenizer import Tokenizer
 from .vocab_files import write_text_atomically
 
@@ -114,12 +114,13 @@ class UnitEncoder:
     """The work on one unit (run by a worker): read it, check its UTF-8, encode its batches."""
 
     def __init__(self, tokenizer: Tokenizer, dtype: np.dtype, errors: str, separator: int | None,
-                 chunk_bytes: int):
+                 chunk_bytes: int, python=None):
         self.tokenizer = tokenizer
         self.dtype = dtype
         self.errors = errors
         self.separator = separator
         self.chunk_bytes = chunk_bytes
+        self.python = python  # an `encode_python.PythonEncoder`: encode with it, not the kernels
 
     def __call__(self, unit) -> np.ndarray:
         from .sources import Batch, read_unit
@@ -131,6 +132,9 @@ class UnitEncoder:
 
     def encode_batch(self, batch) -> np.ndarray:
         base = batch.where.first if batch.where.kind == "byte" else None
+        python = self.python  # (another thread may set it to None meanwhile)
+        if python is not None:
+            return self._encode_in_python(python, batch, base)
         data, doc_ends = check_utf8(batch.data, self.errors, batch.place, batch.doc_ends, base)
         separator = self.separator if batch.documents else None
         tokenizer = self.tokenizer
@@ -145,6 +149,22 @@ class UnitEncoder:
                 parts.append(np.array([separator], dtype=np.int32))
         ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
         return ids.astype(self.dtype)
+
+    def _encode_in_python(self, python, batch, base) -> np.ndarray:
+        from .encode_python import PretokenTooLong
+
+        separator = self.separator if batch.documents else None
+        ids: list[int] = []
+        try:
+            for text in decoded_documents(batch.data, batch.doc_ends, self.errors, batch.place,
+                                          base):
+                ids += python.encode(text)
+                if separator is not None:
+                    ids.append(separator)
+        except PretokenTooLong:  # the kernels take over, from this batch on
+            self.python = None
+            return self.encode_batch(batch)
+        return np.array(ids, dtype=self.dtype)
 
 
 class _HeapTrimmer:
@@ -306,6 +326,7 @@ def encode_file(
     # here, not at `import nbbpe`, and before any thread starts (see pretokenize.count_items)
     from tqdm import tqdm
 
+    from .encode_python import PythonEncoder, python_encoding_for
     from .sources import plan_units, resolve_source
     from .train import _executor
 
@@ -327,8 +348,10 @@ def encode_file(
     units = plan_units(files, chunk_bytes=chunk_bytes, special_tokens=tokenizer.special_tokens,
                        pattern=tokenizer.pattern)
     size = sum(file.size for file in files)
-    encoder = UnitEncoder(tokenizer, dtype, errors, sep, chunk_bytes)
-    if not getattr(executor, "remote", False) and executor.num_workers > 1:
+    # a small first job encodes in Python rather than wait for the kernels to compile
+    python = PythonEncoder(tokenizer) if python_encoding_for(tokenizer, files, executor) else None
+    encoder = UnitEncoder(tokenizer, dtype, errors, sep, chunk_bytes, python)
+    if python is None and not getattr(executor, "remote", False) and executor.num_workers > 1:
         tokenizer.encode("warm up")  # build the tables (and load the kernels) once, not per thread
     results = executor.map(encoder, units)
     with tqdm(total=size, unit="B", unit_scale=True, desc="encode", disable=not progress) as bar:

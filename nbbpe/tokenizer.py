@@ -196,6 +196,7 @@ class Tokenizer:
         self._default_dtype = _UINT16 if self._max_id <= 0xFFFF else _UINT32
         self._byte_ids = np.array([ids[bytes([b])] for b in range(256)], dtype=np.int32)
         self._family = None if pretokenizer == "regex" else family
+        self._pretokenizer = pretokenizer
         self._cache_size = cache_size
         self._block_chars = block_chars
         self._findall = compiled.findall

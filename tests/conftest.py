@@ -25,6 +25,16 @@ def small_caches(monkeypatch):
     monkeypatch.setattr(encode_tables, "MIN_CACHE_SIZE", 1)
 
 
+@pytest.fixture(autouse=True)
+def encode_kernels_compiled(monkeypatch):
+    """`encode_file` encodes a small source in Python while the encode kernel is not in Numba's
+    cache (a first run): what the cache holds changes as the suite runs, so every test sees the
+    kernel as cached, and the tests of that choice say otherwise."""
+    from nbbpe import encode_python
+
+    monkeypatch.setattr(encode_python, "encode_kernel_compiled", lambda tokenizer: True)
+
+
 @pytest.fixture(scope="session")
 def gpt2_files():
     """GPT-2's (vocab, merges), from the fixture files."""

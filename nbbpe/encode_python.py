@@ -1,0 +1,153 @@
+"""Encoding with no compiled code: `regex` pre-tokens, merged in Python.
+
+The encode stage's kernels (`encode.py`) take ~5 s to compile the first time; a small job need
+not wait for that. `encode_file` encodes a small local source this way while the family's encode
+kernel is not in Numba's cache (`python_encoding_for`), as training counts a small source with
+`regex` (`pretokenize.source_pretokenizer`): the shipped 1 MB sample encodes in well under a
+second once Python is up. Once the kernel is cached (a larger source compiled it), small sources
+take the compiled path too. Both give the same ids: the tests compare them.
+
+The two merge orders, as the kernels define them (see `encode.py`):
+
+- MERGES (a trained merge list): each round takes the pair of lowest rank anywhere in the
+  pre-token and merges all its occurrences left to right, non-overlapping (`a a a` -> `aa a`);
+- RANKS (rank files, ids are ranks): a pre-token that is a token is that token; otherwise merge
+  the leftmost adjacent pair whose concatenation has the lowest rank, one pair at a time.
+"""
+
+from __future__ import annotations
+
+from .pretokenize import SMALL_SOURCE
+
+_NO_RANK = 1 << 62  # above every rank (ids and merge ranks are below 2**31)
+
+
+# Merging here takes up to the square of a pre-token's length (the kernels merge long ones on a
+# heap): a longer one is left to them.
+LONGEST_PRETOKEN = 256
+
+
+class PretokenTooLong(Exception):
+    """A pre-token longer than `LONGEST_PRETOKEN` bytes: encode the text with the kernels."""
+
+
+class PythonEncoder:
+    """`Tokenizer`'s ids for its pattern and special tokens, computed in Python, with a cache of
+    the pre-tokens met (their ids do not depend on where they are)."""
+
+    def __init__(self, tokenizer):
+        t = tokenizer
+        self._findall = t._findall
+        self._special_split = t._special_split
+        self._special_ids = t._special_ids
+        self._byte_ids = t._byte_ids.tolist()
+        self._merges_order = t.merge_order == "merges"
+        if self._merges_order:
+            left, right, merged = (a.tolist() for a in t._merge_ids)
+            self._pair_ranks = dict(zip(zip(left, right), range(len(left))))
+            self._pairs = list(zip(left, right))
+            self._merged = merged
+        else:  # tokens that are not special, by their bytes: the lowest id if two share them
+            special = set(t._special_ids.values())
+            regular = [(data, i) for i, data in t.vocab.items() if i not in special]
+            self._ranks = dict(sorted(regular, key=lambda item: -item[1]))
+        self._cache: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of `text` (valid Unicode: no lone surrogates); raises `PretokenTooLong`."""
+        ids: list[int] = []
+        if self._special_split is None:
+            self._encode_pretokens(text, ids)
+            return ids
+        parts = self._special_split(text)  # text, special, text, ..., special, text
+        self._encode_pretokens(parts[0], ids)
+        for k in range(1, len(parts), 2):
+            ids.append(self._special_ids[parts[k]])
+            self._encode_pretokens(parts[k + 1], ids)
+        return ids
+
+    def _encode_pretokens(self, text: str, ids: list[int]) -> None:
+        cache = self._cache
+        merge = self._merge_in_order if self._merges_order else self._merge_by_ranks
+        for pretoken in self._findall(text):
+            found = cache.get(pretoken)
+            if found is None:
+                data = pretoken.encode("utf-8")
+                if len(data) > LONGEST_PRETOKEN:
+                    raise PretokenTooLong(len(data))
+                found = cache[pretoken] = merge(data)
+            ids.extend(found)
+
+    def _merge_in_order(self, data: bytes) -> list[int]:
+        """MERGES order: the lowest-ranked pair merged everywhere, round after round."""
+        byte_ids = self._byte_ids
+        ids = [byte_ids[b] for b in data]
+        ranks = self._pair_ranks
+        while len(ids) > 1:
+            best = min(ranks.get(pair, _NO_RANK) for pair in zip(ids, ids[1:]))
+            if best == _NO_RANK:
+                break
+            a, b = self._pairs[best]
+            merged = self._merged[best]
+            out = []
+            i = 0
+            n = len(ids)
+            while i < n:
+                if i + 1 < n and ids[i] == a and ids[i + 1] == b:
+                    out.append(merged)
+                    i += 2
+                else:
+                    out.append(ids[i])
+                    i += 1
+            ids = out
+        return ids
+
+    def _merge_by_ranks(self, data: bytes) -> list[int]:
+        """RANKS order (tiktoken's byte-pair merge): the leftmost pair of lowest rank, one at a
+        time."""
+        ranks = self._ranks
+        whole = ranks.get(data)
+        if whole is not None:
+            return [whole]
+        parts = [data[i : i + 1] for i in range(len(data))]
+        while len(parts) > 1:
+            joined = [ranks.get(a + b, _NO_RANK) for a, b in zip(parts, parts[1:])]
+            best = min(joined)
+            if best == _NO_RANK:
+                break
+            at = joined.index(best)  # the leftmost of the lowest
+            parts[at : at + 2] = [parts[at] + parts[at + 1]]
+        return [ranks[part] for part in parts]
+
+
+def python_encoding_for(tokenizer, files, executor) -> bool:
+    """Whether `encode_file` should encode `files` (from `sources.resolve_source`) with
+    `PythonEncoder`: a small local source stored uncompressed (text or JSONL, at most
+    `SMALL_SOURCE` bytes), for a tokenizer not asked for the compiled pre-tokenizer, whose
+    encode kernel is not compiled yet and whose tables were not built in this process. Else the
+    kernels encode it."""
+    from .workers import LocalExecutor
+
+    if (getattr(tokenizer, "_pretokenizer", "auto") == "compiled"
+            or tokenizer._engine is not None
+            or not (executor is None or isinstance(executor, LocalExecutor))
+            or any(file.compression or file.format == "parquet" for file in files)
+            or sum(file.size for file in files) > SMALL_SOURCE):
+        return False
+    return not encode_kernel_compiled(tokenizer)
+
+
+def encode_kernel(tokenizer):
+    """The kernel that encodes for `tokenizer`: its family's, or the `regex` path's."""
+    from . import encode
+
+    mode = encode.MERGES if tokenizer.merge_order == "merges" else encode.RANKS
+    family = tokenizer._family
+    return encode.PIECE_ENCODERS[mode] if family is None else encode.ENCODERS[family][mode]
+
+
+def encode_kernel_compiled(tokenizer) -> bool:
+    """Whether Numba's cache holds `encode_kernel(tokenizer)`."""
+    from .kernel_cache import cached
+
+    return cached(encode_kernel(tokenizer))
