@@ -17,8 +17,6 @@ The two merge orders, as the kernels define them (see `encode.py`):
 
 from __future__ import annotations
 
-from .pretokenize import SMALL_SOURCE
-
 _NO_RANK = 1 << 62  # above every rank (ids and merge ranks are below 2**31)
 
 
@@ -122,17 +120,13 @@ class PythonEncoder:
 
 def python_encoding_for(tokenizer, files, executor) -> bool:
     """Whether `encode_file` should encode `files` (from `sources.resolve_source`) with
-    `PythonEncoder`: a small local source stored uncompressed (text or JSONL, at most
-    `SMALL_SOURCE` bytes), for a tokenizer not asked for the compiled pre-tokenizer, whose
-    encode kernel is not compiled yet and whose tables were not built in this process. Else the
-    kernels encode it."""
-    from .workers import LocalExecutor
+    `PythonEncoder`: a small local source (`sources.small_local_source`), for a tokenizer not
+    asked for the compiled pre-tokenizer, whose encode kernel is not compiled yet and whose
+    tables were not built in this process. Else the kernels encode it."""
+    from .sources import small_local_source
 
     if (getattr(tokenizer, "_pretokenizer", "auto") == "compiled"
-            or tokenizer._engine is not None
-            or not (executor is None or isinstance(executor, LocalExecutor))
-            or any(file.compression or file.format == "parquet" for file in files)
-            or sum(file.size for file in files) > SMALL_SOURCE):
+            or tokenizer._engine is not None or not small_local_source(files, executor)):
         return False
     return not encode_kernel_compiled(tokenizer)
 

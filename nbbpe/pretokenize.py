@@ -75,7 +75,7 @@ class RegexPretokenCounter:
         if place is None:
             def place(offset):
                 return f"buffer byte {offset}"
-        # decoding checks the UTF-8: no kernel to compile on this path (see SMALL_SOURCE)
+        # decoding checks the UTF-8: no kernel to compile on this path (see sources.SMALL_SOURCE)
         for text in decoded_documents(buf, doc_ends, self.errors, place, offset_base):
             self._pretokenizer.count_into(self._counts, text)
 
@@ -115,26 +115,14 @@ def counting_compiles(pattern: str, pretokenizer: str) -> bool:
     return not counter_is_compiled(family)
 
 
-# A source of at most this many bytes, stored uncompressed, is counted with `regex` while the
-# compiled counter is not yet in Numba's cache (a first run): compiling it took 3.5-4.7 s here,
-# more than `regex` takes on such a source (in a fresh process, counting 1 MB of web text took
-# 1.0-1.1 s with `regex` and 0.8-0.9 s with the cached kernel; TinyStories' 1 MB sample, 0.1 s in
-# `regex` once Python is up). Once the kernel is cached (a larger source compiled it), it counts
-# small sources too.
-SMALL_SOURCE = 2 << 20
-
-
 def source_pretokenizer(files, pattern: str, pretokenizer: str, executor=None) -> str:
     """The pre-tokenizer to count `files` (from `sources.resolve_source`) with: "regex" for
     "auto" on a small local source when the compiled counter would be compiled for it (see
-    `SMALL_SOURCE`), else `pretokenizer`. Both count the same."""
-    from .workers import LocalExecutor
+    `sources.SMALL_SOURCE`), else `pretokenizer`. Both count the same."""
+    from .sources import small_local_source
 
     family = pretokenizer_family(pattern, pretokenizer)
-    if (pretokenizer != "auto" or family is None
-            or not (executor is None or isinstance(executor, LocalExecutor))
-            or any(file.compression or file.format == "parquet" for file in files)
-            or sum(file.size for file in files) > SMALL_SOURCE):
+    if pretokenizer != "auto" or family is None or not small_local_source(files, executor):
         return pretokenizer
     return "regex" if counting_compiles(pattern, pretokenizer) else pretokenizer
 

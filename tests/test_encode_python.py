@@ -14,7 +14,7 @@ from tiktoken.load import load_tiktoken_bpe
 
 from nbbpe import (CL100K_PATTERN, O200K_PATTERN, InvalidUTF8Error, Tokenizer, encode_file,
                    open_token_file, train_bpe)
-from nbbpe import encode_python
+from nbbpe import encode_python, sources
 from nbbpe.encode_python import PretokenTooLong, PythonEncoder, python_encoding_for
 from nbbpe.sources import resolve_source
 from nbbpe.workers import LocalExecutor
@@ -176,7 +176,7 @@ def test_the_kernels_encode_where_python_should_not(gpt2_files, tmp_path, monkey
     packed = tmp_path / "in.txt.gz"  # compressed: its size says little of the text's
     packed.write_bytes(gzip.compress(text.encode()))
     assert not encodes_in_python(packed)
-    monkeypatch.setattr(encode_python, "SMALL_SOURCE", len(text.encode()) - 1)  # not small
+    monkeypatch.setattr(sources, "SMALL_SOURCE", len(text.encode()) - 1)  # not small
     assert not encodes_in_python(source)
 
 
