@@ -319,6 +319,10 @@ def encode_file(
     raises naming the place, "replace" reads it as U+FFFD); `progress` shows a progress bar
     (default: when stderr is a terminal).
 
+    A first run on a small local source (at most 2 MB stored uncompressed, the encode kernel not
+    yet in Numba's cache, the tokenizer not asked for `pretokenizer="compiled"`) encodes it in
+    Python (`encode_python`): the same ids, without waiting seconds for the kernels to compile.
+
     The output appears only when complete; missing parent directories are created. Text files
     are cut at special tokens, or for the built-in patterns also between a letter or digit and a
     space or newline; with a custom pattern a text file without special tokens is one unit.

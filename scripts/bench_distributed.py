@@ -166,10 +166,12 @@ def warm_the_numba_cache(directory: str) -> None:
     sample = os.path.join(directory, "warm.txt")
     with open(sample, "w", encoding="utf-8") as f:
         f.write(("Once upon a time, 42 cats sat.\n" + EOT + "\n") * 2000)
-    # pretokenizer="compiled": on a cold cache "auto" would count this small file with `regex`
+    # pretokenizer="compiled": on a cold cache "auto" would count this small file with `regex`,
+    # and encode it in Python
     code = ("import nbbpe, sys; v, m = nbbpe.train_bpe(sys.argv[1], 300, ['<|endoftext|>'], "
             "pretokenizer='compiled'); "
-            "nbbpe.encode_file(nbbpe.Tokenizer(v, m, ['<|endoftext|>']), sys.argv[1], "
+            "nbbpe.encode_file(nbbpe.Tokenizer(v, m, ['<|endoftext|>'], pretokenizer='compiled'), "
+            "sys.argv[1], "
             "sys.argv[1] + '.bin'); import nbbpe.distributed as d; d.load_kernels()")
     subprocess.run([sys.executable, "-c", code, sample], check=True, capture_output=True)
 
