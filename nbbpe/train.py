@@ -10,6 +10,7 @@ from contextlib import contextmanager, nullcontext
 
 from .corpus import DEFAULT_CHUNK_BYTES
 from .intern import intern_words
+from .merge_python import merges_in_python_for
 from .patterns import GPT2_PATTERN, validate_special_tokens
 from .pretokenize import (check_counting, count_pretokens_in_source, count_pretokens_in_texts,
                           counting_compiles, source_pretokenizer)
@@ -62,15 +63,17 @@ def train_bpe(
     t0 = time.perf_counter()
     executor = _executor(num_workers, client)
     check_counting(pattern, specials, errors, pretokenizer)  # before the source is looked at
-    with _merge_kernels_meanwhile() as (meanwhile, compile_helpers):
-        files = resolve_source(source, text_field=text_field, text_column=text_column)
-        pretokenizer = source_pretokenizer(files, pattern, pretokenizer, executor)
+    files = resolve_source(source, text_field=text_field, text_column=text_column)
+    # a small first run compiles nothing: counted with `regex`, its merges learned in Python
+    in_python = merges_in_python_for(files, executor, pretokenizer)
+    pretokenizer = source_pretokenizer(files, pattern, pretokenizer, executor)
+    with _merge_kernels_meanwhile(in_python) as (meanwhile, compile_helpers):
         compile_helpers(counting_compiles(pattern, pretokenizer))
         counts = count_pretokens_in_source(
             files, specials, pattern=pattern, pretokenizer=pretokenizer, executor=executor,
             chunk_bytes=chunk_bytes, errors=errors, progress=progress, meanwhile=meanwhile,
         )
-    return _learn(counts, specials, num_merges, progress, timings, t0)
+    return _learn(counts, specials, num_merges, progress, timings, t0, in_python)
 
 
 def train_bpe_from_iterator(
@@ -107,15 +110,18 @@ def train_bpe_from_iterator(
 
 
 @contextmanager
-def _merge_kernels_meanwhile():
+def _merge_kernels_meanwhile(in_python: bool = False):
     """While counting: (meanwhile, compile_helpers). The merge kernels are loaded from the cache
     in a thread (`meanwhile`, given to the counting), or, on a first run, compiled in another
     process started at once (then `meanwhile` is None), this one compiling some of their
     helpers first: `compile_helpers(counting_compiles)`, more of them if it compiles no
-    counting kernel (`merge.compile_helpers`)."""
+    counting kernel (`merge.compile_helpers`). Neither `in_python` (`merge_python`)."""
     from .kernel_cache import cached, compile_elsewhere
     from .merge import compile_helpers, learn_merges, load_merge_kernels
 
+    if in_python:
+        yield None, _nothing_to_compile
+        return
     if cached(learn_merges):
         yield load_merge_kernels, _nothing_to_compile
         return
@@ -158,20 +164,28 @@ def _executor(num_workers, client):
     return LocalExecutor(num_workers)
 
 
-def _learn(counts, specials, num_merges, progress, timings, t0):
-    """The merge loop on counted pre-tokens, and the vocab and merges it makes."""
+def _learn(counts, specials, num_merges, progress, timings, t0, in_python=False):
+    """The merge loop on counted pre-tokens (`in_python`: `merge_python`'s), and the vocab and
+    merges it makes."""
     from tqdm import tqdm  # here, not at `import nbbpe` (~30 ms); no other thread runs now
-
-    from .merge import merge_progress, merges_with_progress
 
     t1 = time.perf_counter()
     words = intern_words(counts)
     del counts
     t2 = time.perf_counter()
     with tqdm(total=num_merges, unit="merge", desc="merge", disable=not progress) as bar:
-        with merge_progress(lambda done: bar.update(done - bar.n)) if progress else nullcontext():
-            left, right = merges_with_progress(words.tokens, words.offsets, words.counts,
-                                               num_merges)
+        if in_python:
+            from .merge_python import learn_merges_in_python
+
+            left, right = learn_merges_in_python(words.tokens, words.offsets, words.counts,
+                                                 num_merges)
+        else:
+            from .merge import merge_progress, merges_with_progress
+
+            with (merge_progress(lambda done: bar.update(done - bar.n)) if progress
+                  else nullcontext()):
+                left, right = merges_with_progress(words.tokens, words.offsets, words.counts,
+                                                   num_merges)
         bar.update(len(left) - bar.n)
     t3 = time.perf_counter()
 

@@ -26,13 +26,14 @@ def small_caches(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def encode_kernels_compiled(monkeypatch):
-    """`encode_file` encodes a small source in Python while the encode kernel is not in Numba's
-    cache (a first run): what the cache holds changes as the suite runs, so every test sees the
-    kernel as cached, and the tests of that choice say otherwise."""
-    from nbbpe import encode_python
+def kernels_compiled(monkeypatch):
+    """A first run on a small source learns its merges and encodes in Python while the merge
+    loop's and the encode kernel are not in Numba's cache: what the cache holds changes as the
+    suite runs, so every test sees them as cached, and the tests of that choice say otherwise."""
+    from nbbpe import encode_python, merge_python
 
     monkeypatch.setattr(encode_python, "encode_kernel_compiled", lambda tokenizer: True)
+    monkeypatch.setattr(merge_python, "merge_kernel_compiled", lambda: True)
 
 
 @pytest.fixture(scope="session")

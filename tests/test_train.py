@@ -23,7 +23,27 @@ def write(tmp_path, text, name="corpus.txt"):
     return path
 
 
-def test_cs336_fixture_matches_reference_merges_and_vocab():
+@pytest.fixture(params=["kernel", "python"])
+def merge_loop(request, monkeypatch):
+    """Run a test with the compiled merge loop and with `merge_python`'s, which a first run on a
+    small local source uses (as the tests' sources are), and check which one ran."""
+    from nbbpe import merge_python
+
+    calls = []
+    learn = merge_python.learn_merges_in_python
+
+    def spy(*args):
+        calls.append(args)
+        return learn(*args)
+
+    monkeypatch.setattr(merge_python, "learn_merges_in_python", spy)
+    if request.param == "python":
+        monkeypatch.setattr(merge_python, "merge_kernel_compiled", lambda: False)
+    yield request.param
+    assert bool(calls) == (request.param == "python")
+
+
+def test_cs336_fixture_matches_reference_merges_and_vocab(merge_loop):
     vocab, merges = train_bpe(FIXTURES / "corpus.en", 500, [EOT])
     with open(FIXTURES / "train-bpe-reference-merges.txt", encoding="utf-8") as f:
         expected_merges = [tuple(unspell(part) for part in line.rstrip("\n").split(" ")) for line in f]
@@ -43,7 +63,7 @@ def test_vocab_layout_bytes_then_specials_then_merges():
     assert [vocab[258 + k] for k in range(len(merges))] == [a + b for a, b in merges]
 
 
-def test_sennrich_low_lower_widest_newest(tmp_path):
+def test_sennrich_low_lower_widest_newest(tmp_path, merge_loop):
     # The CS336 handout's example, pre-tokenized on whitespace.
     text = "low low low low low lower lower widest widest widest newest newest newest newest newest newest"
     vocab, merges = train_bpe(write(tmp_path, text), 256 + 1 + 6, [EOT], pattern=r"\S+")
@@ -54,7 +74,7 @@ def test_sennrich_low_lower_widest_newest(tmp_path):
     assert len(vocab) == 256 + 1 + 12
 
 
-def test_tie_compares_the_pair_tuple_not_the_concatenation(tmp_path):
+def test_tie_compares_the_pair_tuple_not_the_concatenation(tmp_path, merge_loop):
     # After (A, B) merges, (AB, C) and (A, Z) tie at 3: the tuple (b"AB", b"C") > (b"A", b"Z"),
     # although the joined b"ABC" < b"AZ".
     text = "ABC\n" * 3 + "AZ\n" * 3 + "AB\n" * 2
@@ -62,7 +82,7 @@ def test_tie_compares_the_pair_tuple_not_the_concatenation(tmp_path):
     assert merges == [(b"A", b"B"), (b"AB", b"C")]
 
 
-def test_overlapping_occurrences_counted_but_merged_left_to_right(tmp_path):
+def test_overlapping_occurrences_counted_but_merged_left_to_right(tmp_path, merge_loop):
     # "aaaa" holds (a, a) three times; merged it is "aa aa", which holds (aa, aa) once.
     text = "aaaa bbb"
     path = write(tmp_path, text)
@@ -73,7 +93,7 @@ def test_overlapping_occurrences_counted_but_merged_left_to_right(tmp_path):
     assert merges == [(b"a", b"a"), (b"aa", b"a")]  # "aaa" -> "aa a" -> "aaa", then nothing is left
 
 
-def test_special_tokens_are_cut_out_never_crossed_and_longest_wins(tmp_path):
+def test_special_tokens_are_cut_out_never_crossed_and_longest_wins(tmp_path, merge_loop):
     text = ("hello<|endoftext|>world " * 20) + ("x<|endoftext|><|endoftext|>y " * 5)
     specials = [EOT, EOT + EOT]
     vocab, merges = train_bpe(write(tmp_path, text), 400, specials)
@@ -86,7 +106,7 @@ def test_special_tokens_are_cut_out_never_crossed_and_longest_wins(tmp_path):
     assert (vocab, merges) == reference_train_bpe(text, 400, specials)
 
 
-def test_stops_early_when_no_pair_is_left(tmp_path):
+def test_stops_early_when_no_pair_is_left(tmp_path, merge_loop):
     vocab, merges = train_bpe(write(tmp_path, "ab ab"), 10_000, [EOT])
     # Pre-tokens "ab" and " ab": (a, b) occurs twice, then (" ", "ab") once, then nothing is left.
     assert merges == [(b"a", b"b"), (b" ", b"ab")]
@@ -141,7 +161,8 @@ def test_fast_path_equals_reference_on_random_corpora(tmp_path_factory, pieces, 
 
 
 @pytest.mark.parametrize("pattern", BUILT_IN_PATTERNS, ids=["gpt2", "cl100k", "o200k"])
-def test_each_built_in_pattern_trains_as_the_reference_on_real_text(tmp_path, pattern):
+def test_each_built_in_pattern_trains_as_the_reference_on_real_text(tmp_path, pattern,
+                                                                      merge_loop):
     text = ((FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:20_000]
             + (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:8_000]
             + " 12345 I'M DONE\r\n")
@@ -158,6 +179,44 @@ def test_unknown_pretokenizers_and_uncompiled_patterns_are_refused(tmp_path):
         train_bpe(path, 330, [EOT], pattern=r"\w+|\s+", pretokenizer="compiled")
     with pytest.raises(ValueError, match="pretokenizer must be"):
         train_bpe(path, 330, [EOT], pretokenizer="fast")
+
+
+def _merges_both_ways(words: dict[bytes, int], num_merges: int):
+    """(kernel's, merge_python's) merges of `words` (bytes -> count), as id arrays."""
+    from nbbpe.intern import intern_words
+    from nbbpe.merge import learn_merges
+    from nbbpe.merge_python import learn_merges_in_python
+    from nbbpe.pretokenize_kernels import PretokenCounts
+
+    data = list(words)
+    offsets = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum([len(w) for w in data], out=offsets[1:])
+    interned = intern_words(PretokenCounts(np.frombuffer(b"".join(data), dtype=np.uint8).copy(),
+                                           offsets, np.array(list(words.values()), dtype=np.int64)))
+    python = learn_merges_in_python(*interned, num_merges)
+    kernel = learn_merges(*interned, num_merges, np.zeros(1, dtype=np.int64))  # (in place)
+    return [a.tolist() for a in kernel], [a.tolist() for a in python]
+
+
+@settings(max_examples=200)
+@given(words=st.dictionaries(st.one_of(st.binary(min_size=1, max_size=12),
+                                       st.text(alphabet="abAB ", min_size=1, max_size=10).map(
+                                           str.encode)),
+                             st.integers(1, 50), min_size=1, max_size=40),
+       num_merges=st.integers(1, 300))
+def test_merge_python_learns_the_kernels_merges(words, num_merges):
+    kernel, python = _merges_both_ways(words, num_merges)
+    assert python == kernel
+
+
+def test_merge_python_learns_the_kernels_merges_on_real_text():
+    from reference_bpe import reference_pretoken_counts
+
+    text = ((FIXTURES / "web_sample.txt").read_text(encoding="utf-8")
+            + (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8"))
+    words = reference_pretoken_counts(text, [EOT])
+    kernel, python = _merges_both_ways(words, 5000)
+    assert python == kernel and len(kernel[0]) == 5000
 
 
 @settings(max_examples=40)
@@ -368,7 +427,7 @@ def test_a_first_run_counts_a_small_source_with_regex_and_learns_the_same(tmp_pa
     # first run ("auto", the kernel not in the cache) counts it with `regex`, the same counts.
     import gzip
 
-    from nbbpe import pretokenize, pretokenize_kernels
+    from nbbpe import pretokenize_kernels, sources
 
     text = (FIXTURES / "corpus.en").read_text(encoding="utf-8")[:30_000]
     path = write(tmp_path, text)
@@ -381,9 +440,9 @@ def test_a_first_run_counts_a_small_source_with_regex_and_learns_the_same(tmp_pa
     assert train_bpe(path, 400, [EOT], pretokenizer="compiled") == expected  # as asked
     assert set(used) == {"compiled"}
     used.clear()
-    monkeypatch.setattr(pretokenize, "SMALL_SOURCE", len(text.encode()) - 1)  # not small
+    monkeypatch.setattr(sources, "SMALL_SOURCE", len(text.encode()) - 1)  # not small
     assert train_bpe(path, 400, [EOT]) == expected and set(used) == {"compiled"}
-    monkeypatch.setattr(pretokenize, "SMALL_SOURCE", 2 << 20)
+    monkeypatch.setattr(sources, "SMALL_SOURCE", 2 << 20)
     used.clear()
     packed = tmp_path / "corpus.txt.gz"  # compressed: its size says little of the text's
     packed.write_bytes(gzip.compress(text.encode()))
@@ -414,3 +473,57 @@ def test_source_pretokenizer_keeps_what_is_asked_off_the_first_run_of_a_local_so
     assert source_pretokenizer(files, r"\w+|\s+", "auto") == "auto"  # regex anyway
     assert source_pretokenizer(files, gpt2, "regex") == "regex"
     assert source_pretokenizer(files, gpt2, "compiled") == "compiled"
+
+
+def test_a_first_run_learns_a_small_sources_merges_in_python(tmp_path, monkeypatch):
+    # Compiling the merge loop takes seconds; a first run on a small local source learns its
+    # merges in Python (merge_python), the same merges.
+    import gzip
+
+    from nbbpe import merge_python, sources
+
+    text = (FIXTURES / "corpus.en").read_text(encoding="utf-8")[:30_000]
+    path = write(tmp_path, text)
+    expected = reference_train_bpe(text, 400, [EOT])
+    calls = []
+    learn = merge_python.learn_merges_in_python
+    monkeypatch.setattr(merge_python, "learn_merges_in_python",
+                        lambda *args: calls.append(1) or learn(*args))
+    compiled = {"yes": False}
+    monkeypatch.setattr(merge_python, "merge_kernel_compiled", lambda: compiled["yes"])
+
+    def in_python(source, **options) -> bool:
+        assert train_bpe(source, 400, [EOT], **options) == expected
+        used = bool(calls)
+        calls.clear()
+        return used
+
+    assert in_python(path)
+    assert in_python(path, pretokenizer="regex", num_workers=2, chunk_bytes=1000)
+    assert not in_python(path, pretokenizer="compiled")  # as asked
+    packed = tmp_path / "corpus.txt.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    assert not in_python(packed)
+    assert nbbpe.train_bpe_from_iterator(text.split(EOT), 400, [EOT]) == expected
+    assert not calls  # an iterator's size is not known ahead
+    monkeypatch.setattr(sources, "SMALL_SOURCE", len(text.encode()) - 1)  # not small
+    assert not in_python(path)
+    monkeypatch.setattr(sources, "SMALL_SOURCE", 2 << 20)
+    compiled["yes"] = True  # cached: the kernel learns small sources' merges too
+    assert not in_python(path)
+
+
+def test_small_local_source_is_at_most_small_source_bytes_uncompressed_and_here(tmp_path):
+    import gzip
+
+    from nbbpe.sources import SMALL_SOURCE, resolve_source, small_local_source
+    from nbbpe.workers import LocalExecutor
+
+    small = resolve_source(write(tmp_path, "x" * 1000))
+    assert small_local_source(small) and small_local_source(small, LocalExecutor(2))
+    assert not small_local_source(small, object())  # a cluster's executor
+    assert not small_local_source(resolve_source(write(tmp_path, "x" * (SMALL_SOURCE + 1), "big")))
+    packed = tmp_path / "c.txt.gz"
+    packed.write_bytes(gzip.compress(b"x" * 1000))
+    assert not small_local_source(resolve_source(packed))
+    assert small_local_source(resolve_source([str(tmp_path / "corpus.txt")] * 2))
