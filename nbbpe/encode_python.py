@@ -21,12 +21,17 @@ _NO_RANK = 1 << 62  # above every rank (ids and merge ranks are below 2**31)
 
 
 # Merging here takes up to the square of a pre-token's length (the kernels merge long ones on a
-# heap): a longer one is left to them.
+# heap): a longer one is left to them, and so is a job once its merging has stepped over this
+# many tokens (a small source of many long new pre-tokens, such as random letters, could
+# otherwise take minutes; a step is ~0.5 us). multi_1M.txt (1.2 MB) with o200k's ranks:
+# 3.7 million steps (1.8 s); the shipped sample with its 10K tokenizer: 0.15 million (0.3 s).
 LONGEST_PRETOKEN = 256
+MOST_WORK = 8_000_000
 
 
-class PretokenTooLong(Exception):
-    """A pre-token longer than `LONGEST_PRETOKEN` bytes: encode the text with the kernels."""
+class TooMuchWork(Exception):
+    """A pre-token longer than `LONGEST_PRETOKEN` bytes, or more than `MOST_WORK` merging done:
+    encode the text with the kernels."""
 
 
 class PythonEncoder:
@@ -50,9 +55,10 @@ class PythonEncoder:
             regular = [(data, i) for i, data in t.vocab.items() if i not in special]
             self._ranks = dict(sorted(regular, key=lambda item: -item[1]))
         self._cache: dict[str, list[int]] = {}
+        self._work = 0  # tokens stepped over while merging
 
     def encode(self, text: str) -> list[int]:
-        """The ids of `text` (valid Unicode: no lone surrogates); raises `PretokenTooLong`."""
+        """The ids of `text` (valid Unicode: no lone surrogates); raises `TooMuchWork`."""
         ids: list[int] = []
         if self._special_split is None:
             self._encode_pretokens(text, ids)
@@ -72,8 +78,10 @@ class PythonEncoder:
             if found is None:
                 data = pretoken.encode("utf-8")
                 if len(data) > LONGEST_PRETOKEN:
-                    raise PretokenTooLong(len(data))
+                    raise TooMuchWork(f"a pre-token of {len(data)} bytes")
                 found = cache[pretoken] = merge(data)
+                if self._work > MOST_WORK:
+                    raise TooMuchWork(f"{self._work} tokens stepped over")
             ids.extend(found)
 
     def _merge_in_order(self, data: bytes) -> list[int]:
@@ -82,6 +90,7 @@ class PythonEncoder:
         ids = [byte_ids[b] for b in data]
         ranks = self._pair_ranks
         while len(ids) > 1:
+            self._work += len(ids)
             best = min(ranks.get(pair, _NO_RANK) for pair in zip(ids, ids[1:]))
             if best == _NO_RANK:
                 break
@@ -109,6 +118,7 @@ class PythonEncoder:
             return [whole]
         parts = [data[i : i + 1] for i in range(len(data))]
         while len(parts) > 1:
+            self._work += len(parts)
             joined = [ranks.get(a + b, _NO_RANK) for a, b in zip(parts, parts[1:])]
             best = min(joined)
             if best == _NO_RANK:

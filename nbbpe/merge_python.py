@@ -21,11 +21,21 @@ from collections import defaultdict
 
 import numpy as np
 
+# The most tokens of words this loop rewrites (each costs ~1 us, with its pairs recounted) before
+# it leaves the merges to the kernel: a small corpus of long words that share many pairs (random
+# letters without spaces) could otherwise take minutes. multi_1M.txt to 10,000 ids: 3.3 million
+# (2.5-3.8 s); the shipped sample: 0.2 million.
+MOST_WORK = 4_000_000
+
+
+class TooMuchWork(Exception):
+    """More than `MOST_WORK` to do in Python: learn the merges with the kernel."""
+
 
 def learn_merges_in_python(tokens, offsets, word_counts, num_merges: int):
     """(left, right) int32 arrays of up to `num_merges` merges learned over the words
     tokens[offsets[w]:offsets[w + 1]], word w occurring word_counts[w] times (as
-    `merge.learn_merges`: fewer if the words run out of pairs)."""
+    `merge.learn_merges`: fewer if the words run out of pairs). Raises `TooMuchWork`."""
     flat = tokens.tolist()
     bounds = offsets.tolist()
     words = [flat[a:b] for a, b in zip(bounds, bounds[1:])]
@@ -44,6 +54,7 @@ def learn_merges_in_python(tokens, offsets, word_counts, num_merges: int):
     heapq.heapify(heap)
     left: list[int] = []
     right: list[int] = []
+    work = 0
     while len(left) < num_merges and heap:
         negated, _, _, a, b = heapq.heappop(heap)
         count = pair_counts.get((a, b), 0)
@@ -61,6 +72,7 @@ def learn_merges_in_python(tokens, offsets, word_counts, num_merges: int):
             merged = _merge_word(word, a, b, new)
             if len(merged) == len(word):  # lost the pair in an earlier round
                 continue
+            work += len(word)
             count = counts[w]
             for pair in zip(word, word[1:]):
                 pair_counts[pair] -= count
@@ -70,6 +82,8 @@ def learn_merges_in_python(tokens, offsets, word_counts, num_merges: int):
                     holders[pair].add(w)
                     born.add(pair)
             words[w] = merged
+        if work > MOST_WORK:
+            raise TooMuchWork(work)
         del pair_counts[(a, b)]
         for pair in born:
             heapq.heappush(heap, (-pair_counts[pair], keys[pair[0]], keys[pair[1]], *pair))

@@ -151,7 +151,7 @@ class UnitEncoder:
         return ids.astype(self.dtype)
 
     def _encode_in_python(self, python, batch, base) -> np.ndarray:
-        from .encode_python import PretokenTooLong
+        from .encode_python import TooMuchWork
 
         separator = self.separator if batch.documents else None
         ids: list[int] = []
@@ -161,7 +161,7 @@ class UnitEncoder:
                 ids += python.encode(text)
                 if separator is not None:
                     ids.append(separator)
-        except PretokenTooLong:  # the kernels take over, from this batch on
+        except TooMuchWork:  # the kernels take over, from this batch on
             self.python = None
             return self.encode_batch(batch)
         return np.array(ids, dtype=self.dtype)

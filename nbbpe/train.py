@@ -175,11 +175,17 @@ def _learn(counts, specials, num_merges, progress, timings, t0, in_python=False)
     t2 = time.perf_counter()
     with tqdm(total=num_merges, unit="merge", desc="merge", disable=not progress) as bar:
         if in_python:
-            from .merge_python import learn_merges_in_python
+            from .merge_python import TooMuchWork, learn_merges_in_python
 
-            left, right = learn_merges_in_python(words.tokens, words.offsets, words.counts,
-                                                 num_merges)
-        else:
+            try:
+                left, right = learn_merges_in_python(words.tokens, words.offsets, words.counts,
+                                                     num_merges)
+            except TooMuchWork:  # the kernel does it, compiled now, here
+                from .kernel_cache import announce_compiling
+
+                announce_compiling()
+                in_python = False
+        if not in_python:
             from .merge import merge_progress, merges_with_progress
 
             with (merge_progress(lambda done: bar.update(done - bar.n)) if progress

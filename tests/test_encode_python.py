@@ -15,7 +15,7 @@ from tiktoken.load import load_tiktoken_bpe
 from nbbpe import (CL100K_PATTERN, O200K_PATTERN, InvalidUTF8Error, Tokenizer, encode_file,
                    open_token_file, train_bpe)
 from nbbpe import encode_python, sources
-from nbbpe.encode_python import PretokenTooLong, PythonEncoder, python_encoding_for
+from nbbpe.encode_python import TooMuchWork, PythonEncoder, python_encoding_for
 from nbbpe.sources import resolve_source
 from nbbpe.workers import LocalExecutor
 
@@ -104,7 +104,7 @@ def test_a_pretoken_too_long_to_merge_in_python_is_refused(gpt2):
     encoder = PythonEncoder(gpt2)
     longest = "x" * encode_python.LONGEST_PRETOKEN
     assert encoder.encode(longest) == gpt2.encode(longest)
-    with pytest.raises(PretokenTooLong):
+    with pytest.raises(TooMuchWork):
         encoder.encode(" " + longest + "x")
 
 
@@ -138,7 +138,8 @@ def test_a_first_run_encodes_a_small_source_in_python_to_the_same_file(gpt2_file
         encode_file(Tokenizer(*gpt2_files, [EOT]), source, tmp_path / "out.bin",
                     num_workers=workers, chunk_bytes=4096)
         assert list(open_token_file(tmp_path / "out.bin")) == expected
-        assert "".join(seen) == text  # every unit in Python
+        # every unit in Python (two workers take them in any order)
+        assert sum(map(len, seen)) == len(text) and all(unit in text for unit in seen)
         seen.clear()
     docs = text.split(EOT)  # JSONL: each document followed by the separator
     lines = tmp_path / "docs.jsonl"
@@ -230,3 +231,24 @@ def test_invalid_utf8_in_python_as_in_the_kernels(gpt2_files, tmp_path, monkeypa
     assert seen and "\ufffd" in seen[-1]
     assert list(open_token_file(tmp_path / "out.bin")) == tok.encode(
         data.decode("utf-8", errors="replace"))
+
+
+def test_too_much_merging_in_python_hands_the_job_to_the_kernels(gpt2_files, tmp_path,
+                                                                  monkeypatch):
+    # many long new pre-tokens could take Python minutes: past MOST_WORK the kernels take over
+    text = read("multi_sample.txt", 30_000)
+    source = tmp_path / "in.txt"
+    source.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(encode_python, "encode_kernel_compiled", lambda tokenizer: False)
+    monkeypatch.setattr(encode_python, "MOST_WORK", 500)
+    seen = _python_encodes(monkeypatch)
+    kernel_calls = []
+    encode_utf8 = Tokenizer.encode_utf8
+    monkeypatch.setattr(Tokenizer, "encode_utf8",
+                        lambda self, *a, **k: kernel_calls.append(1) or encode_utf8(self, *a, **k))
+    tok = Tokenizer(*gpt2_files, [EOT])
+    encode_file(tok, source, tmp_path / "out.bin", num_workers=1, chunk_bytes=4096)
+    assert list(open_token_file(tmp_path / "out.bin")) == tok.encode(text)
+    assert seen and kernel_calls  # Python began, the kernels finished
+    with pytest.raises(TooMuchWork):
+        PythonEncoder(tok).encode(text)

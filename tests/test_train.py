@@ -527,3 +527,22 @@ def test_small_local_source_is_at_most_small_source_bytes_uncompressed_and_here(
     packed.write_bytes(gzip.compress(b"x" * 1000))
     assert not small_local_source(resolve_source(packed))
     assert small_local_source(resolve_source([str(tmp_path / "corpus.txt")] * 2))
+
+
+def test_too_much_merging_in_python_leaves_the_merges_to_the_kernel(tmp_path, monkeypatch):
+    from nbbpe import merge, merge_python
+
+    text = (FIXTURES / "corpus.en").read_text(encoding="utf-8")[:30_000]
+    expected = reference_train_bpe(text, 400, [EOT])
+    monkeypatch.setattr(merge_python, "merge_kernel_compiled", lambda: False)
+    monkeypatch.setattr(merge_python, "MOST_WORK", 1000)
+    kernel_calls = []
+    learn = merge.merges_with_progress
+    monkeypatch.setattr(merge, "merges_with_progress",
+                        lambda *args: kernel_calls.append(1) or learn(*args))
+    assert train_bpe(write(tmp_path, text), 400, [EOT]) == expected
+    assert kernel_calls
+    monkeypatch.setattr(merge_python, "MOST_WORK", 10**9)
+    kernel_calls.clear()
+    assert train_bpe(write(tmp_path, text), 400, [EOT]) == expected
+    assert not kernel_calls
