@@ -82,14 +82,8 @@ class RegexPretokenCounter:
     def result(self):
         from .pretokenize_kernels import PretokenCounts
 
-        words = [word.encode("utf-8") for word in self._counts]
-        offsets = np.zeros(len(words) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, words), dtype=np.int64, count=len(words)), out=offsets[1:])
-        return PretokenCounts(
-            np.frombuffer(b"".join(words), dtype=np.uint8).copy(),
-            offsets,
-            np.fromiter(self._counts.values(), dtype=np.int64, count=len(words)),
-        )
+        return PretokenCounts.from_dict({word.encode("utf-8"): count
+                                         for word, count in self._counts.items()})
 
 
 def pretokenizer_family(pattern: str, pretokenizer: str = "auto") -> str | None:

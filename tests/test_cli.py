@@ -296,3 +296,31 @@ def test_a_bad_shard_size_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["encode", "--shard-bytes", "lots"])
     assert "not a size in bytes: 'lots'" in capsys.readouterr().err
+
+
+def test_a_first_run_on_a_small_source_compiles_nothing(tmp_path):
+    # An empty Numba cache: `nbbpe train` counts with `regex` and learns the merges in Python,
+    # `nbbpe encode` encodes in Python (in several units, on two workers), and no kernel is
+    # compiled; the files are those of the compiled path.
+    text = sample_text()[:120_000]
+    (tmp_path / "small.txt").write_text(text, encoding="utf-8")
+    cache = tmp_path / "numba_cache"
+    cache.mkdir()
+    nbbpe = Path(sys.executable).parent / "nbbpe"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONIOENCODING="utf-8")
+    for command in (["train", "small.txt", "--vocab-size", "600", "--out", "tok"],
+                    ["encode", "small.txt", "--tokenizer", "tok", "-o", "small.bin"]):
+        done = subprocess.run([nbbpe, *command, "--chunk-mb", "0.01", "--workers", "2"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "compiling kernels" not in done.stderr
+    assert [p.name for p in cache.rglob("*") if p.is_file()] == []
+    vocab, merges = nbbpe_train_compiled(tmp_path / "small.txt", 600)
+    tokenizer = Tokenizer.load(tmp_path / "tok")
+    assert tokenizer.merges == merges
+    assert open_token_file(tmp_path / "small.bin").tolist() == Tokenizer(
+        vocab, merges, [EOT], pretokenizer="compiled").encode(text)
+
+
+def nbbpe_train_compiled(path, vocab_size):
+    return nbbpe.train_bpe(path, vocab_size, [EOT], pretokenizer="compiled")

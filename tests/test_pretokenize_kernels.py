@@ -159,13 +159,20 @@ def test_counter_over_chunks_equals_counting_the_whole():
     assert len(counter) == len(regex_counts(text, [EOT]))
 
 
-def test_merge_counts_sums_tables_in_any_order():
+@pytest.mark.parametrize("in_a_dict_up_to", [0, 10**9], ids=["kernel", "dict"])
+def test_merge_counts_sums_tables_in_any_order(in_a_dict_up_to, monkeypatch):
+    # small tables merge in a dict, large ones in the compiled counter: the same tables
+    from nbbpe import pretokenize_kernels
+
+    monkeypatch.setattr(pretokenize_kernels, "MERGE_IN_A_DICT_UP_TO", in_a_dict_up_to)
     texts = [read("corpus.en"), read("pretok_multilingual.txt"), read("german.txt"), ""]
     tables = [count_gpt2(text.encode("utf-8"), [EOT]) for text in texts]
     want = sum((regex_counts(text, [EOT]) for text in texts), Counter())
     merged = merge_counts(tables)
     assert_well_formed(merged)
     assert merged.to_dict() == want
+    assert list(merged.to_dict()) == list(dict.fromkeys(  # words in order of first appearance
+        word for table in tables for word in table.to_dict()))
     assert merge_counts(reversed(tables)).to_dict() == want
     assert merge_counts([merge_counts(tables[:2]), merge_counts(tables[2:])]).to_dict() == want
     # with one table holding words (e.g. one unit of work, the other threads' tables empty)
