@@ -21,6 +21,7 @@ import resource
 import sys
 import threading
 import time
+import traceback
 from importlib import resources
 
 import psutil
@@ -478,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (OSError, ValueError, TypeError, RuntimeError, ImportError) as exc:
+        if os.environ.get("NBBPE_TRACEBACK"):  # where it came from, to report a bug
+            traceback.print_exc()
         print(f"nbbpe {args.command}: error: {command_line_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -116,12 +116,12 @@ def _merge_kernels_meanwhile(in_python: bool = False):
     process started at once (then `meanwhile` is None), this one compiling some of their
     helpers first: `compile_helpers(counting_compiles)`, more of them if it compiles no
     counting kernel (`merge.compile_helpers`). Neither `in_python` (`merge_python`)."""
-    from .kernel_cache import cached, compile_elsewhere
-    from .merge import compile_helpers, learn_merges, load_merge_kernels
-
     if in_python:
         yield None, _nothing_to_compile
         return
+    from .kernel_cache import cached, compile_elsewhere
+    from .merge import compile_helpers, learn_merges, load_merge_kernels
+
     if cached(learn_merges):
         yield load_merge_kernels, _nothing_to_compile
         return

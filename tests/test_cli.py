@@ -24,7 +24,7 @@ def sample_text() -> str:
 def test_the_readme_commands_train_then_encode_the_shipped_sample(tmp_path):
     """`nbbpe train && nbbpe encode` as installed, in a fresh directory, with no corpus given."""
     nbbpe = Path(sys.executable).parent / "nbbpe"
-    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", NBBPE_TRACEBACK="1")  # should it fail
     train = subprocess.run([nbbpe, "train", "--out", "out/tokenizer"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert train.returncode == 0, train.stderr
@@ -49,6 +49,11 @@ def test_the_command_exits_with_mains_status(tmp_path):
                                 capture_output=True, text=True, timeout=120)
         assert failed.returncode == 2
         assert "nbbpe encode: error:" in failed.stderr and "no_tokenizer" in failed.stderr
+    assert "Traceback" not in failed.stderr
+    shown = subprocess.run([Path(sys.executable).parent / "nbbpe", "encode", "--tokenizer",
+                            str(missing)], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, NBBPE_TRACEBACK="1"))
+    assert shown.returncode == 2 and "Traceback" in shown.stderr  # NBBPE_TRACEBACK: where from
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +312,8 @@ def test_a_first_run_on_a_small_source_compiles_nothing(tmp_path):
     cache = tmp_path / "numba_cache"
     cache.mkdir()
     nbbpe = Path(sys.executable).parent / "nbbpe"
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONIOENCODING="utf-8")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONIOENCODING="utf-8",
+               NBBPE_TRACEBACK="1")
     for command in (["train", "small.txt", "--vocab-size", "600", "--out", "tok"],
                     ["encode", "small.txt", "--tokenizer", "tok", "-o", "small.bin"]):
         done = subprocess.run([nbbpe, *command, "--chunk-mb", "0.01", "--workers", "2"],
