@@ -546,3 +546,25 @@ def test_too_much_merging_in_python_leaves_the_merges_to_the_kernel(tmp_path, mo
     kernel_calls.clear()
     assert train_bpe(write(tmp_path, text), 400, [EOT]) == expected
     assert not kernel_calls
+
+
+def test_the_counting_kernel_is_loaded_before_the_counting_threads_start(tmp_path, monkeypatch):
+    # a kernel loaded in one thread while another calls one raced in Numba's `typeof` dispatch
+    # ("dictionary changed size during iteration"): the first call is this thread's
+    import threading
+
+    from nbbpe import pretokenize_kernels
+
+    calls = []
+    add = pretokenize_kernels.PretokenCounter.add
+
+    def spy(self, *args, **kwargs):
+        calls.append(threading.current_thread() is threading.main_thread())
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(pretokenize_kernels.PretokenCounter, "add", spy)
+    text = (FIXTURES / "corpus.en").read_text(encoding="utf-8")[:20_000]
+    expected = reference_train_bpe(text, 300, [EOT])
+    assert train_bpe(write(tmp_path, text), 300, [EOT], pretokenizer="compiled", num_workers=2,
+                     chunk_bytes=2000) == expected
+    assert calls[0] and not any(calls[1:])  # here first, then only the workers
