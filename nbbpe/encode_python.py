@@ -1,11 +1,12 @@
 """Encoding with no compiled code: `regex` pre-tokens, merged in Python.
 
 The encode stage's kernels (`encode.py`) take ~5 s to compile the first time; a small job need
-not wait for that. `encode_file` encodes a small local source this way while the family's encode
-kernel is not in Numba's cache (`python_encoding_for`), as training counts a small source with
-`regex` (`pretokenize.source_pretokenizer`): the shipped 1 MB sample encodes in well under a
-second once Python is up. Once the kernel is cached (a larger source compiled it), small sources
-take the compiled path too. Both give the same ids: the tests compare them.
+not wait for that. `encode_file` encodes a small local source this way while the tokenizer's
+encode kernel is not in Numba's cache (`python_encoding_for`, `sources.SMALL_SOURCE`), as
+training counts such a source with `regex` and learns its merges in Python (`merge_python`):
+the shipped 1 MB sample encodes in 0.25 s once Python is up. Once the kernel is cached (a larger
+source compiled it), small sources take the compiled path too. Both give the same ids: the
+tests compare them.
 
 The two merge orders, as the kernels define them (see `encode.py`):
 
