@@ -18,6 +18,8 @@ The two merge orders, as the kernels define them (see `encode.py`):
 
 from __future__ import annotations
 
+from .merge_python import merge_pair
+
 _NO_RANK = 1 << 62  # above every rank (ids and merge ranks are below 2**31)
 
 
@@ -95,19 +97,7 @@ class PythonEncoder:
             best = min(ranks.get(pair, _NO_RANK) for pair in zip(ids, ids[1:]))
             if best == _NO_RANK:
                 break
-            a, b = self._pairs[best]
-            merged = self._merged[best]
-            out = []
-            i = 0
-            n = len(ids)
-            while i < n:
-                if i + 1 < n and ids[i] == a and ids[i + 1] == b:
-                    out.append(merged)
-                    i += 2
-                else:
-                    out.append(ids[i])
-                    i += 1
-            ids = out
+            ids = merge_pair(ids, *self._pairs[best], self._merged[best])
         return ids
 
     def _merge_by_ranks(self, data: bytes) -> list[int]:

@@ -10,9 +10,9 @@ helpers of the other's kernel) are compiled here, before the other process reach
 that it loads them instead of compiling them at the same time (`merge.compile_helpers`,
 `encode.compile_shared_first`); should one still reach a kernel the other is compiling, it
 waits for it and loads it (`_compile_lock`). A process with nothing left to compile but a wait
-for the other compiles meanwhile what it needs next (`compile_elsewhere.running`), and a small
-job may skip a kernel altogether (a first `nbbpe train` on a few MB counts with `regex`:
-`pretokenize.source_pretokenizer`). Nothing changes once the cache is warm, and if the
+for the other compiles meanwhile what it needs next (`compile_elsewhere.running`), and a first
+run on a small source compiles no kernel at all (`sources.SMALL_SOURCE`: it counts with `regex`,
+learns its merges and encodes in Python). Nothing changes once the cache is warm, and if the
 other process fails, the kernels are simply compiled here when first used.
 
 A cached kernel is used only if no module of kernels has changed since it was compiled (see

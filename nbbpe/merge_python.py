@@ -69,7 +69,7 @@ def learn_merges_in_python(tokens, offsets, word_counts, num_merges: int):
         born: set[tuple[int, int]] = set()
         for w in holders.pop((a, b)):
             word = words[w]
-            merged = _merge_word(word, a, b, new)
+            merged = merge_pair(word, a, b, new)
             if len(merged) == len(word):  # lost the pair in an earlier round
                 continue
             work += len(word)
@@ -90,8 +90,9 @@ def learn_merges_in_python(tokens, offsets, word_counts, num_merges: int):
     return np.array(left, dtype=np.int32), np.array(right, dtype=np.int32)
 
 
-def _merge_word(word: list[int], a: int, b: int, new: int) -> list[int]:
-    """`word` with every (a, b) in it, left to right, made `new`."""
+def merge_pair(word: list[int], a: int, b: int, new: int) -> list[int]:
+    """`word` with every (a, b) in it, left to right, made `new` (also `encode_python`'s
+    MERGES round)."""
     out = []
     i = 0
     n = len(word)

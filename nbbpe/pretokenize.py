@@ -233,8 +233,9 @@ def count_items(items, counter_args, *, executor, errors, chunk_bytes, progress,
     from .workers import LocalExecutor
 
     executor = LocalExecutor() if executor is None else executor
-    if pretokenizer_family(counter_args[0], counter_args[3]) is not None:
-        meanwhile = _load_kernels_before_threads(counter_args, executor, meanwhile)
+    if (pretokenizer_family(counter_args[0], counter_args[3]) is not None
+            and not getattr(executor, "remote", False)):  # a cluster's workers load their own
+        _load_counting_kernel_here(counter_args)
     helper = None
     if meanwhile is not None:
         helper = threading.Thread(target=meanwhile, name="nbbpe-meanwhile", daemon=True)
@@ -248,20 +249,17 @@ def count_items(items, counter_args, *, executor, errors, chunk_bytes, progress,
     return counts
 
 
-def _load_kernels_before_threads(counter_args, executor, meanwhile):
-    """For compiled counting: load the counting kernel here, before the threads start, and with
-    it Numba's modules; return `meanwhile`, to run beside the threads. Loading kernels imports
-    modules that register types with the `typeof` dispatch every kernel call goes through, and
-    Python's `singledispatch` is not safe against that: a thread's kernel call while another
-    thread loaded the merge kernels is the likely cause of two failures with "dictionary
-    changed size during iteration" (a CLI training, a benchmark's). Once the counting kernel is
-    loaded, loading the merge kernels imported no module and registered no type (checked), and
-    took 0.02 s. A warm `nbbpe train` of the shipped sample takes ~0.1 s more (the two loads no
-    longer overlap: medians 1.31 against 1.20 s and 1.43 against 1.33 s, two sets of 6 and 10
-    alternated runs)."""
-    if not getattr(executor, "remote", False):  # a cluster's workers load their own
-        make_pretoken_counter(*counter_args).add(b"load the kernel")
-    return meanwhile
+def _load_counting_kernel_here(counter_args) -> None:
+    """Load the counting kernel, and Numba's modules with it, before the counting threads start
+    (and `meanwhile` beside them). Loading kernels imports modules that register types with the
+    `typeof` dispatch every kernel call goes through, and Python's `singledispatch` is not safe
+    against that: a thread's kernel call while another thread loaded the merge kernels is the
+    likely cause of two failures with "dictionary changed size during iteration" (a CLI
+    training, a benchmark's). Once the counting kernel is loaded, loading the merge kernels
+    imported no module and registered no type (checked), and took 0.02 s. A warm `nbbpe train`
+    of the shipped sample takes ~0.1 s more (the two loads no longer overlap: medians 1.31
+    against 1.20 s and 1.43 against 1.33 s, two sets of 6 and 10 alternated runs)."""
+    make_pretoken_counter(*counter_args).add(b"load the kernel")
 
 
 class _UnitCounterFactory:
