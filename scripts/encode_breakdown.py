@@ -25,7 +25,8 @@ on one thread, `--repeat` times with a freshly built tokenizer (GPT-2's files, o
 
 - alone: the merge loop alone (`_merge_rounds`, or `_merge_leftmost` for rank files) on each
   new pre-token once, back to back, outside the pass: its bytes to ids in parts as the pass
-  merges them (`encode.merge_in_parts`), nothing looked up or stored. The pre-tokens are those
+  merges them (`encode.merge_in_parts`), nothing looked up or stored but in the part cache,
+  empty at the start of each pass, as in a fresh tokenizer. The pre-tokens are those
   of the corpus that are not tokens and that the scanner, given one alone, finds whole (nearly
   all), and their ids are checked against `encode_utf8`'s. Then the same by length (2-16,
   17-32, 33-64, 65-256 bytes): how many, and their share of the time.
@@ -104,13 +105,15 @@ class NewPretokens:
 
 
 @njit(_nrt=False)  # as the encode kernels: no reference counting of `ranks`' arrays per piece
-def merge_each(buf, offsets, ranks, merge, out, scratch):
+def merge_each(buf, offsets, ranks, merge, out, scratch, parts):
     """Merge each piece buf[offsets[k]:offsets[k + 1]] from its bytes as the pass merges a new
-    pre-token (`encode.merge_in_parts`), its ids written to `out` one piece after the other;
-    return how many ids in all."""
+    pre-token (`encode.merge_in_parts`, with the part cache `parts`, emptied first), its ids
+    written to `out` one piece after the other; return how many ids in all."""
+    parts[:] = 0
     w = 0
     for k in range(offsets.shape[0] - 1):
-        w += encode.merge_in_parts(merge, buf, offsets[k], offsets[k + 1], out, w, ranks, scratch)
+        w += encode.merge_in_parts(merge, buf, offsets[k], offsets[k + 1], out, w, ranks, scratch,
+                                   parts)
     return w
 
 
@@ -123,11 +126,12 @@ def merge_alone(tok: Tokenizer, buf: np.ndarray, offsets: np.ndarray) -> tuple[f
     finds them after its first pieces."""
     ranks = tok._get_engine().ranks
     merge = encode._merge_rounds if ranks.mode == encode.MERGES else encode._merge_leftmost
-    out = np.empty(len(buf) + 1, dtype=np.int32)
+    out = np.empty(len(buf) + 1 + encode.SPARE_IDS, dtype=np.int32)
     scratch = np.empty(encode._heap_space.py_func(encode._HEAP_ABOVE), dtype=np.int64)
-    merge_each(buf, offsets, ranks, merge, out, scratch)
+    parts = np.zeros(encode.PART_CACHE_ITEMS, dtype=np.int64)
+    merge_each(buf, offsets, ranks, merge, out, scratch, parts)
     t0 = time.perf_counter()
-    n = merge_each(buf, offsets, ranks, merge, out, scratch)
+    n = merge_each(buf, offsets, ranks, merge, out, scratch, parts)
     return time.perf_counter() - t0, out[:n]
 
 

@@ -1152,11 +1152,13 @@ def _ranks_in_order(t, order):
     return _RANKS_IN_ORDER[id(t), order][1]
 
 
-def _merged_whole_and_in_parts(tokenizer, order, data: bytes):
+def _merged_whole_and_in_parts(tokenizer, order, data: bytes, part_cache=None):
     """(ids of `data` merged whole, merged in parts cut where `joins` says no token holds the two
-    bytes on either side, by the pass's loop (`merge_in_parts`), how many parts), with
-    `tokenizer`'s merges in `order`."""
+    bytes on either side, by the pass's loop (`merge_in_parts`, with `part_cache`, default a
+    new one), how many parts), with `tokenizer`'s merges in `order`."""
     ranks = _ranks_in_order(tokenizer, order)
+    if part_cache is None:
+        part_cache = np.zeros(encode.PART_CACHE_ITEMS, np.int64)
     merge = encode._merge_rounds if order == encode.MERGES else encode._merge_leftmost
     scratch = np.empty(encode._heap_space.py_func(len(data)), dtype=np.int64)
 
@@ -1169,8 +1171,8 @@ def _merged_whole_and_in_parts(tokenizer, order, data: bytes):
     cuts = [0, *(np.flatnonzero(ranks.joins[pair] == 0) + 1).tolist(), len(data)]
     parts = [data[a:b] for a, b in zip(cuts, cuts[1:])]
     buf = np.frombuffer(data, dtype=np.uint8)
-    out = np.empty(len(data), dtype=np.int32)
-    n = encode.merge_in_parts(merge, buf, 0, len(data), out, 0, ranks, scratch)
+    out = np.empty(len(data) + encode.SPARE_IDS, dtype=np.int32)
+    n = encode.merge_in_parts(merge, buf, 0, len(data), out, 0, ranks, scratch, part_cache)
     return (merged(data), [i for part in parts for i in merged(part)], out[:n].tolist(),
             len(parts))
 
@@ -1183,10 +1185,76 @@ def test_a_pre_token_merged_in_parts_gets_the_ids_of_merging_it_whole(gpt2, orde
     assert parts > 4 and in_parts == whole and by_the_pass == whole
 
 
+_SHARED_PARTS = {}  # merge order -> a part cache that the examples below fill and read
+
+
 @settings(max_examples=150, deadline=None)
 @given(text=st.text(min_size=2, max_size=60), noise=st.binary(max_size=40))
 def test_merging_in_parts_equals_merging_whole_on_any_bytes(gpt2, text, noise):
     data = text.encode("utf-8", "surrogatepass") + noise
     for order in (encode.MERGES, encode.RANKS):
-        whole, in_parts, by_the_pass, _ = _merged_whole_and_in_parts(gpt2, order, data)
+        parts = _SHARED_PARTS.setdefault(order, np.zeros(encode.PART_CACHE_ITEMS, np.int64))
+        whole, in_parts, by_the_pass, _ = _merged_whole_and_in_parts(gpt2, order, data, parts)
         assert in_parts == whole and by_the_pass == whole
+
+
+def _part_cache_keys(parts: np.ndarray) -> np.ndarray:
+    """The slots of a part cache that hold a part."""
+    return np.flatnonzero(parts[0::2])
+
+
+@pytest.mark.parametrize("order", [encode.MERGES, encode.RANKS])
+def test_the_part_cache_remembers_the_parts_of_a_cut_pre_token_and_is_read(gpt2, order):
+    data = "語のテキスト日本語のテキスト".encode()
+    parts = np.zeros(encode.PART_CACHE_ITEMS, np.int64)
+    whole, _, first, _ = _merged_whole_and_in_parts(gpt2, order, data, parts)
+    filled = _part_cache_keys(parts)
+    assert first == whole and len(filled) > 4  # the characters of 2 or 3 ids, remembered
+    again = parts.copy()
+    _, _, second, _ = _merged_whole_and_in_parts(gpt2, order, data, parts)
+    assert second == whole and np.array_equal(parts, again)  # all found: nothing new stored
+    # what the pass writes comes from the cache: an entry changed, the ids change
+    slot = 2 * filled[0]
+    value = int(parts[slot + 1])
+    parts[slot + 1] = (value & ~((1 << 22) - 4)) | (12345 << 2)  # its first id made 12345
+    _, _, poisoned, _ = _merged_whole_and_in_parts(gpt2, order, data, parts)
+    assert poisoned != whole and 12345 in poisoned
+
+
+def test_each_tokenizer_has_its_own_part_cache(gpt2_files, gpt2):
+    # the same merges with other ids: a part remembered by one tokenizer, found by the other,
+    # would give the other's ids
+    vocab, merges = gpt2_files
+    shift = 7
+    shifted = Tokenizer({(i + shift) % len(vocab): b for i, b in vocab.items()}, merges)
+    text = CJK * 2 + " 語のテキスト日本語のテキスト"
+    expected = gpt2.encode(text)
+    for _ in range(2):
+        assert shifted.encode(text) == [(i + shift) % len(vocab) for i in expected]
+        assert gpt2.encode(text) == expected
+
+
+@pytest.mark.parametrize("first_id, data", [(1 << 20, b"ab.xy.ab.xy"), (0, b"ab.wxyz.ab.wxyz")])
+def test_the_part_cache_does_not_remember_ids_it_cannot_hold(first_id, data):
+    # One merge, "ab" -> 5; the other parts of letters never merge. With byte ids from 2**20,
+    # the two ids of "xy" do not fit in a slot; with byte ids from 0, the four of "wxyz" do not.
+    byte_ids = np.arange(first_id, first_id + 256, dtype=np.int32)
+    joins = np.zeros(1 << 16, np.uint8)
+    for a, b in ("ab", "wx", "xy", "yz"):
+        joins[ord(a) << 8 | ord(b)] = 1
+    ranks = encode.build_ranks(byte_ids[[ord("a")]], byte_ids[[ord("b")]], np.array([0]),
+                               np.array([5], np.int32), byte_ids, encode.MERGES, joins)
+    buf = np.frombuffer(data, np.uint8)  # one pre-token, cut at each "."
+    expected = []
+    for piece in data.split(b"."):
+        if expected:
+            expected.append(int(byte_ids[ord(".")]))
+        expected += [5] if piece == b"ab" else byte_ids[list(piece)].tolist()
+    scratch = np.empty(encode._heap_space.py_func(len(data)), np.int64)
+    parts = np.zeros(encode.PART_CACHE_ITEMS, np.int64)
+    for _ in range(2):
+        out = np.empty(len(data) + encode.SPARE_IDS, np.int32)
+        n = encode.merge_in_parts(encode._merge_rounds, buf, 0, len(data), out, 0, ranks,
+                                  scratch, parts)
+        assert out[:n].tolist() == expected
+    assert len(_part_cache_keys(parts)) == 1  # "ab" -> 5 only
