@@ -502,7 +502,7 @@ def _merge_on_heap(work, lo, m, space, ranks):
 # --- one pre-token ---------------------------------------------------------------------------
 
 
-# The part cache: 2**PART_CACHE_BITS slots of two int64 (256 KB, kept in the core's own cache).
+# The part cache: 2**PART_CACHE_BITS slots of two int64 (256 KB: room in a core's L2 cache).
 PART_CACHE_BITS = 14
 PART_CACHE_ITEMS = 2 << PART_CACHE_BITS
 _PART_ID_BITS = 20  # a slot holds up to 3 ids below 2**20 (o200k's are below 2**18)
@@ -955,9 +955,9 @@ def _encode_pieces(encode_new, buf, offsets, special_slots, special_ids, ranks, 
                    scratch, out, k):
     """The ids of pre-tokens found elsewhere (by `regex`), from piece k on: piece k is
     buf[offsets[k]:offsets[k + 1]], and the pieces listed in `special_slots` are special tokens
-    with ids `special_ids`. `out` holds one id per byte. Returns (ids written, next piece,
-    need): it stops before a piece longer than `_HEAP_ABOVE` bytes (`need`, its length) and
-    after one that filled the cache (`need` -1)."""
+    with ids `special_ids`. `out` holds one id per byte and `SPARE_IDS` more (`_merge_part`).
+    Returns (ids written, next piece, need): it stops before a piece longer than `_HEAP_ABOVE`
+    bytes (`need`, its length) and after one that filled the cache (`need` -1)."""
     space = scratch[5 * WINDOW :]  # the part cache, then room for a merge
     w = np.int64(0)
     next_slot = np.searchsorted(special_slots, k)
@@ -1361,7 +1361,8 @@ def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks
                       vocab: Table, state: ThreadState) -> np.ndarray:
     """All ids (int32) of the pieces (see `_encode_pieces`)."""
     kernel = PIECE_ENCODERS[mode]
-    out = np.empty(len(buf) + len(special_slots) + 1, dtype=np.int32)
+    # one id per byte and special token, and `SPARE_IDS` (see `_merge_part`)
+    out = np.empty(len(buf) + len(special_slots) + SPARE_IDS, dtype=np.int32)
     parts = []
     k = 0
     while True:
