@@ -162,9 +162,18 @@ class UnitEncoder:
                 if separator is not None:
                     ids.append(separator)
         except TooMuchWork:  # the kernels take over, from this batch on
-            self.python = None
+            with _KERNELS_TAKING_OVER:
+                if self.python is not None:
+                    # loaded by one thread while the others wait, as `encode_file` does before
+                    # its threads start when it encodes with the kernels from the beginning
+                    # (see `pretokenize.count_items`)
+                    self.tokenizer.encode("warm up")
+                    self.python = None
             return self.encode_batch(batch)
         return np.array(ids, dtype=self.dtype)
+
+
+_KERNELS_TAKING_OVER = threading.Lock()  # see `UnitEncoder._encode_in_python`
 
 
 class _HeapTrimmer:

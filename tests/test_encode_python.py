@@ -252,3 +252,25 @@ def test_too_much_merging_in_python_hands_the_job_to_the_kernels(gpt2_files, tmp
     assert seen and kernel_calls  # Python began, the kernels finished
     with pytest.raises(TooMuchWork):
         PythonEncoder(tok).encode(text)
+
+
+def test_when_the_kernels_take_over_one_thread_loads_them_first(gpt2_files, tmp_path,
+                                                                monkeypatch):
+    # as encode_file warms the kernels up before its threads start when it uses them from the
+    # beginning: loading kernels in one thread while another calls one is not safe
+    text = read("multi_sample.txt", 30_000)
+    source = tmp_path / "in.txt"
+    source.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(encode_python, "encode_kernel_compiled", lambda tokenizer: False)
+    monkeypatch.setattr(encode_python, "MOST_WORK", 500)
+    events = []
+    encode, encode_utf8 = Tokenizer.encode, Tokenizer.encode_utf8
+    monkeypatch.setattr(Tokenizer, "encode",
+                        lambda self, text: events.append(text) or encode(self, text))
+    monkeypatch.setattr(Tokenizer, "encode_utf8",
+                        lambda self, *a, **k: events.append("kernel") or encode_utf8(self, *a, **k))
+    tok = Tokenizer(*gpt2_files, [EOT])
+    encode_file(tok, source, tmp_path / "out.bin", num_workers=2, chunk_bytes=4096)
+    assert events.count("warm up") == 1 and "kernel" in events
+    assert events.index("warm up") < events.index("kernel")
+    assert list(open_token_file(tmp_path / "out.bin")) == encode(tok, text)
