@@ -243,3 +243,38 @@ def test_the_utf8_check_compiled_ahead_is_the_one_text_files_are_checked_with(tm
     for batch in batches:
         check_utf8(batch.data, "strict", batch.place, batch.doc_ends)
     assert set(first_invalid_utf8.signatures) == compiled
+
+
+def test_other_packages_numba_extensions_wait_for_other_code(tmp_path):
+    # An installed package registering a Numba extension (awkward does: 43 MB and ~0.3 s) is
+    # not imported while this package's kernels load; the next compile of other code loads it.
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "probe_extension.py").write_text(
+        "import os\n"
+        "def init():\n"
+        "    open(os.environ['PROBE_LOG'], 'a').write('init\\n')\n")
+    info = tmp_path / "probe_extension-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: probe-extension\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[numba_extensions]\ninit = probe_extension:init\n")
+    log = tmp_path / "log.txt"
+    code = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from nbbpe import Tokenizer\n"
+        "vocab = {i: bytes([i]) for i in range(256)} | {256: b'ab', 257: b'abc'}\n"
+        "tok = Tokenizer(vocab, [(b'a', b'b'), (b'ab', b'c')])\n"
+        "log = lambda what: open(os.environ['PROBE_LOG'], 'a').write(what + '\\n')\n"
+        "for text in ['abc abd', 'x abc', 'ab ab']:\n"
+        "    tok.encode(text)\n"
+        "tok.encode_batch(['abc', 'ab c'] * 4, num_threads=2)\n"
+        "log('encoded ' + str('probe_extension' in sys.modules))\n"
+        "import numba\n"
+        "numba.njit(lambda x: x + 1)(1)\n"
+        "log('compiled ' + str('probe_extension' in sys.modules))\n")
+    env = dict(os.environ, PROBE_LOG=str(log))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+    assert log.read_text().splitlines() == ["encoded False", "init", "compiled True"]
