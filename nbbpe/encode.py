@@ -74,7 +74,7 @@ from .encode_tables import (
 )
 from .kernel_args import (PackedArrays, array_at, call_at, copy_bytes, data_address,
                           readonly_array_at)
-from .kernel_cache import argument_types, entry_point, native_address
+from .kernel_cache import argument_types, cached, entry_point, native_address
 from .scanners.classes import load8, load_upto8, uindex
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
@@ -1194,7 +1194,6 @@ def load_rare_kernels(ranks: Ranks, vocab: Table) -> None:
     batch stops every other thread (a first 2-thread batch of multi_1M took 29 ms, 21 with them
     loaded). Not cached yet: they compile when first needed, as before."""
     from .encode_tables import _rehash
-    from .kernel_cache import cached
 
     if cached(encode_long_piece):
         text = np.frombuffer(b"x" * (_HEAP_ABOVE + 1), dtype=np.uint8)  # the types of real calls
@@ -1257,9 +1256,12 @@ class DocumentEncoder:
     def _ready_text_call(self, state: ThreadState) -> None:
         """Ready the short path in `state`: pack its arguments (the cache and the output buffer
         may be new), for texts shorter than the output buffer (at least `_TEXT_ROOM` bytes)."""
-        if self._text_entry is None:  # a first text: the short path waits for a second, so
-            self._text_entry = _AFTER_FIRST_TEXT  # that one text (the CLI's, a warm-up) does
-            return                                # not compile it
+        if self._text_entry is None:  # a first text
+            self._text_entry = _AFTER_FIRST_TEXT
+            if not cached(encode_text_at):  # compiling takes 0.2-0.4 s: not for one text (the
+                return                      # CLI's, a warm-up), so it waits for a second
+            # Cached, it loads now: at the second text, loading took 3-8 ms of the first
+            # document's encode after a warm-up (a fresh process's pass over web_5M: ~47 ms).
         if self._text_entry is _AFTER_FIRST_TEXT:
             self._text_entry = self._text_call()
         if not self._text_entry:

@@ -397,7 +397,8 @@ def test_a_small_cache_size_still_holds_enough_not_to_copy_the_vocab_table_over_
 def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files):
     # encode_to_numpy keeps its kernel call's arguments ready between calls; a cache that grows
     # or starts again, a text longer than the output buffer, and batches on the same thread
-    # replace what they hold: every text still gets the ids of a tokenizer that caches nothing.
+    # (one of them larger than the buffer, which it replaces) change what they hold: every text
+    # still gets the ids of a tokenizer that caches nothing.
     tokenizer = Tokenizer(*gpt2_files, [EOT], cache_size=40)
     uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)
     words = read("multi_sample.txt")[:30000].split()
@@ -408,8 +409,8 @@ def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files
         ids = tokenizer.encode_to_numpy(text)
         assert ids.tolist() == uncached.encode(text), k
         if k % 50 == 7:
-            assert tokenizer.encode_batch(texts[k:k + 3], num_threads=1) == [
-                uncached.encode(t) for t in texts[k:k + 3]]
+            batch = texts[k:k + 3] + ([texts[5]] if k == 107 else [])
+            assert tokenizer.encode_batch(batch, num_threads=1) == [uncached.encode(t) for t in batch]
         state = tokenizer._thread_state()
         if state.text_call is not None:  # what it holds is the thread's own
             packed = state.text_args.values
@@ -995,7 +996,6 @@ def test_the_short_path_calls_the_kernel_at_its_address_and_falls_back_the_long_
     assert len(texts[-2].encode()) > encode.COPY_UP_TO  # read where it is, not copied
     tokenizer = Tokenizer(*gpt2_files, [EOT])
     assert tokenizer.encode("one text") == tiktoken_gpt2.encode_ordinary("one text")
-    assert tokenizer._thread_state().text_call is None  # readied for a second text, not a first
     for text in texts:
         expected = tiktoken_gpt2.encode_ordinary(text)
         assert tokenizer.encode(text) == expected
@@ -1013,6 +1013,22 @@ def test_the_short_path_calls_the_kernel_at_its_address_and_falls_back_the_long_
         for text in texts:
             assert without.encode(text) == tiktoken_gpt2.encode_ordinary(text)
             assert without._thread_state().text_call is None
+
+
+def test_the_short_path_is_loaded_by_a_first_text_if_cached_else_by_the_second(
+        gpt2_files, tiktoken_gpt2, monkeypatch):
+    # In Numba's cache, `encode_text_at` is loaded by the first text (loaded by the second, it
+    # took 3-8 ms of the first document after a warm-up); not cached, the first text does not
+    # compile it (0.2-0.4 s, for a CLI's one text), the second does.
+    for cached, ready_from in ((True, 1), (False, 2)):
+        monkeypatch.setattr(encode, "cached",
+                            lambda kernel: cached if kernel is encode.encode_text_at else True)
+        tokenizer = Tokenizer(*gpt2_files, [EOT])
+        ready = []
+        for k, text in enumerate(("one text", "a second", "a third"), 1):
+            assert tokenizer.encode(text) == tiktoken_gpt2.encode_ordinary(text)
+            ready.append(tokenizer._thread_state().text_call is not None)
+        assert ready == [k >= ready_from for k in (1, 2, 3)]
 
 
 def test_uint16_ids_are_narrowed_by_the_short_paths_compiled_call(gpt2_files, tiktoken_gpt2,
