@@ -256,18 +256,18 @@ def _extensions_for_other_code_only() -> None:
     try:
         from numba.core import entrypoints
         from numba.core.dispatcher import Dispatcher
-    except ImportError:
+
+        init_all = entrypoints.init_all
+        # The hook Numba calls on a first call with new argument types, before `compile`
+        numba_hook = Dispatcher._compilation_chain_init_hook
+    except (ImportError, AttributeError):  # another Numba's internals: extensions as it loads them
         return
-    init_all = entrypoints.init_all
     if getattr(init_all, "nbbpe_waits", False):
         return
 
     def init_all_unless_loading_kernels():  # Numba calls it as `entrypoints.init_all()`
         if not getattr(_loading_kernels, "depth", 0):
             init_all()
-
-    # The hook Numba calls on a first call with new argument types, before `compile`
-    numba_hook = Dispatcher._compilation_chain_init_hook
 
     def compilation_chain_init_hook(self):
         if _lock_path(self) is None:
