@@ -510,6 +510,14 @@ _PART_ID_MASK = np.int64((1 << _PART_ID_BITS) - 1)
 _PART_MAX_BYTES = 7  # a part's bytes and its length make one int64 key
 
 
+@njit(inline="always")  # into `_merge_part` and `merge_in_parts`
+def _merge_bytes(merge, buf, start, n, out, at, ranks, pairs):
+    """Write the ids of buf[start:start + n], merged by `merge`, to out[at:]; return how many."""
+    for k in range(n):
+        out[uindex(at + k)] = ranks.byte_ids[buf[uindex(start + k)]]
+    return merge(out, at, n, pairs, ranks)
+
+
 @njit(inline="always")  # into `merge_in_parts`
 def _merge_part(merge, buf, part, n, out, at, ranks, pairs, parts):
     """Write the ids of the part buf[part:part + n] (2 to `_PART_MAX_BYTES` bytes) of a new
@@ -531,9 +539,7 @@ def _merge_part(merge, buf, part, n, out, at, ranks, pairs, parts):
         out[uindex(at + 1)] = np.int32((value >> (2 + _PART_ID_BITS)) & _PART_ID_MASK)
         out[uindex(at + 2)] = np.int32((value >> (2 + 2 * _PART_ID_BITS)) & _PART_ID_MASK)
         return value & 3
-    for k in range(n):
-        out[uindex(at + k)] = ranks.byte_ids[buf[uindex(part + k)]]
-    m = merge(out, at, n, pairs, ranks)
+    m = _merge_bytes(merge, buf, part, n, out, at, ranks, pairs)
     if m <= 3:
         value = np.int64(m)
         fits = True
@@ -566,9 +572,7 @@ def merge_in_parts(merge, buf, start, end, out, w, ranks, pairs, parts):
         elif n <= _PART_MAX_BYTES and (part > start or i < end):  # a part, not the whole
             n = _merge_part(merge, buf, part, n, out, at, ranks, pairs, parts)
         else:
-            for k in range(n):
-                out[uindex(at + k)] = ranks.byte_ids[buf[uindex(part + k)]]
-            n = merge(out, at, n, pairs, ranks)
+            n = _merge_bytes(merge, buf, part, n, out, at, ranks, pairs)
         at += n
         part = i
     return at - w
