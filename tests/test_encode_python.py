@@ -233,14 +233,21 @@ def test_invalid_utf8_in_python_as_in_the_kernels(gpt2_files, tmp_path, monkeypa
         data.decode("utf-8", errors="replace"))
 
 
-def test_too_much_merging_in_python_hands_the_job_to_the_kernels(gpt2_files, tmp_path,
-                                                                  monkeypatch):
-    # many long new pre-tokens could take Python minutes: past MOST_WORK the kernels take over
+def _job_past_the_python_budget(tmp_path, monkeypatch):
+    """(text, its file): a small job encode_file starts in Python (the kernel counts as not
+    compiled), whose many long new pre-tokens pass a budget (`MOST_WORK`) lowered to 500."""
     text = read("multi_sample.txt", 30_000)
     source = tmp_path / "in.txt"
     source.write_text(text, encoding="utf-8")
     monkeypatch.setattr(encode_python, "encode_kernel_compiled", lambda tokenizer: False)
     monkeypatch.setattr(encode_python, "MOST_WORK", 500)
+    return text, source
+
+
+def test_too_much_merging_in_python_hands_the_job_to_the_kernels(gpt2_files, tmp_path,
+                                                                  monkeypatch):
+    # many long new pre-tokens could take Python minutes: past MOST_WORK the kernels take over
+    text, source = _job_past_the_python_budget(tmp_path, monkeypatch)
     seen = _python_encodes(monkeypatch)
     kernel_calls = []
     encode_utf8 = Tokenizer.encode_utf8
@@ -258,11 +265,7 @@ def test_when_the_kernels_take_over_one_thread_loads_them_first(gpt2_files, tmp_
                                                                 monkeypatch):
     # as encode_file warms the kernels up before its threads start when it uses them from the
     # beginning: loading kernels in one thread while another calls one is not safe
-    text = read("multi_sample.txt", 30_000)
-    source = tmp_path / "in.txt"
-    source.write_text(text, encoding="utf-8")
-    monkeypatch.setattr(encode_python, "encode_kernel_compiled", lambda tokenizer: False)
-    monkeypatch.setattr(encode_python, "MOST_WORK", 500)
+    text, source = _job_past_the_python_budget(tmp_path, monkeypatch)
     events = []
     encode, encode_utf8 = Tokenizer.encode, Tokenizer.encode_utf8
     monkeypatch.setattr(Tokenizer, "encode",
