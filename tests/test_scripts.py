@@ -6,6 +6,7 @@ import http.server
 import importlib.util
 import json
 import os
+import shutil
 import threading
 from functools import partial
 from pathlib import Path
@@ -384,3 +385,47 @@ def test_bench_short_texts_times_each_call_and_checks_the_ids(tmp_path, capsys):
     labels = ["3 B", "9 B", "843 B"]
     assert all(0 < rows["nbbpe"][label]["median"] < 1e4 for label in labels)
     assert result["runs"]["nbbpe"][0]["ids"]["9 B"] == [15496, 345]  # "Hello you"
+
+
+# --- profile_encode: perf samples -> compiled functions -----------------------------------------
+
+
+def test_profile_encode_names_numba_code_and_attributes_samples_to_it():
+    profile = load_script("profile_encode")
+    assert profile.readable("_ZN5nbbpe6encode13_merge_roundsB3v55B48c8tJTIeFIjxB2IKSgE5ArrayIiLi1E") \
+        == "nbbpe.encode._merge_rounds"
+    assert profile.readable("_ZN7cpython5nbbpe6encode6kernelB2v1E") == "nbbpe.encode.kernel (Python wrapper)"
+    assert profile.readable("memcpy") == "memcpy"
+    if shutil.which("nm") is None:
+        pytest.skip("needs nm (binutils)")
+    from numba import njit
+
+    @njit  # compiled here, not loaded from a cache: its object file, and so its symbols, are kept
+    def probe_function(x):
+        return x * 3 + 1
+
+    assert probe_function(2) == 7
+    (compiled,) = probe_function.overloads.values()
+    address = compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
+    regions = sorted(profile.regions_of(probe_function))
+    found = profile.find_region(regions, address)
+    assert found is not None and found.name.endswith("probe_function")
+    # each function of the object where it was loaded: the wrapper too, at its own offset
+    wrapper = compiled.library.get_pointer_to_function(compiled.fndesc.llvm_cpython_wrapper_name)
+    assert profile.find_region(regions, wrapper).name.endswith("probe_function (Python wrapper)")
+    assert profile.find_region(regions, wrapper).start == wrapper
+    assert profile.find_region(regions, regions[0].start - 1) is None
+    last = regions[-1]
+    assert profile.find_region(regions, last.start + last.size - 1) == last
+    assert profile.find_region(regions, last.start + last.size) is None
+    samples = [(address, "?"), (address + 1, "?"), (1, "memcpy (libc.so.6)")]
+    by_function, by_address = profile.attribute(samples, regions)
+    assert by_function == {found.name: 2, "memcpy (libc.so.6)": 1}
+    assert by_address == {address: 1, address + 1: 1}
+
+
+def test_profile_encode_says_which_tools_it_lacks(monkeypatch, capsys):
+    profile = load_script("profile_encode")
+    monkeypatch.setattr(profile.shutil, "which", lambda tool: None if tool == "perf" else "/bin/" + tool)
+    assert profile.main(["--seconds", "1"]) == 2
+    assert "needs perf on PATH" in capsys.readouterr().err
