@@ -429,3 +429,18 @@ def test_profile_encode_says_which_tools_it_lacks(monkeypatch, capsys):
     monkeypatch.setattr(profile.shutil, "which", lambda tool: None if tool == "perf" else "/bin/" + tool)
     assert profile.main(["--seconds", "1"]) == 2
     assert "needs perf on PATH" in capsys.readouterr().err
+
+
+def test_encode_variants_still_change_the_loop_they_were_measured_on(monkeypatch, capsys):
+    variants = load_script("encode_variants")
+    baseline = variants.patched_sources(variants.VARIANTS["baseline"])
+    for name, variant in variants.VARIANTS.items():
+        changed = variants.patched_sources(variant)  # raises if a replacement no longer applies
+        assert set(changed) == set(variants.FUNCTIONS)
+        differs = {f for f in changed if changed[f] != baseline[f]}
+        assert differs == set(variant["replace"]), name
+    stale = {"about": "a line the loop no longer has",
+             "replace": {"encode_documents": [("no such line\n", "")]}}
+    monkeypatch.setitem(variants.VARIANTS, "stale", stale)
+    assert variants.main(["--variants", "stale"]) == 2
+    assert "variant stale: encode_documents no longer holds" in capsys.readouterr().err

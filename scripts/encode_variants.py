@@ -1,0 +1,216 @@
+"""Variants of the GPT-2 encode loop against the loop as it is, in one process, in paired rounds.
+
+    python scripts/encode_variants.py [CORPUS ...] [--variants NAME ...] [--rounds 20]
+        [--json out.json]
+
+A variant is the loop's source with some lines replaced (or a name in it bound to something
+else), compiled beside an unchanged copy (`baseline`, compiled the same way, not loaded from the
+cache). Every round encodes the corpus's documents in one `encode_utf8` call with each variant in
+turn (the order alternates): cold (the cache started again from the vocab table, the thread's part
+cache emptied, as in a fresh tokenizer), then warm (the same call again). A round's ratio is a
+variant's time over baseline's in that round, so the machine's slow and fast phases (a factor of
+two here, over seconds) cancel; the median ratio and its range over the rounds are reported. Each
+variant must give baseline's ids.
+
+`VARIANTS` holds what was tried (the README's "What moved encoding, and what did not" quotes the
+results); a new idea is a new entry. A variant whose lines are no longer in the source says so
+rather than measuring something else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+# The functions a variant may change, compiled anew for each variant in this order (each one
+# sees the ones before it), in a copy of nbbpe.encode's namespace.
+FUNCTIONS = ("copy_short_ids", "store", "_prepare_window", "_encode_new", "_encode_new_merges",
+             "encode_documents")
+
+_WINDOW_LOOP = """                _prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)
+                for t in range(n):
+                    j = window[t]
+"""
+
+VARIANTS = {
+    "baseline": {"about": "the loop as it is", "replace": {}},
+    "no_prefetch": {
+        "about": "no prefetch of the window's cache slots",
+        "replace": {"_prepare_window": [("            prefetch(cache.slots, 4 * home(cache, h))\n", ""),
+                                        ("            prefetch(cache.slots, 4 * home(cache, h))\n", "")]},
+    },
+    "prefetch_16_ahead": {
+        "about": "each slot prefetched 16 pre-tokens before its lookup, not the whole window first",
+        "replace": {
+            "_prepare_window": [
+                ("        tags[t] = 0\n", "        tags[t] = 0\n        hashes[t] = 0\n"),
+                ("            hashes[t] = np.int64(h)\n            prefetch(cache.slots, 4 * home(cache, h))\n        elif",
+                 "            hashes[t] = np.int64(h)\n            if t < 16:\n"
+                 "                prefetch(cache.slots, 4 * home(cache, h))\n        elif")],
+            "encode_documents": [
+                (_WINDOW_LOOP, _WINDOW_LOOP.replace(
+                    "                    j = window[t]\n",
+                    "                    ahead = min(t + 16, n - 1)\n"
+                    "                    prefetch(cache.slots, 4 * home(cache, np.uint64(hashes[ahead])))\n"
+                    "                    j = window[t]\n"))]},
+    },
+    "plain_slot_loads": {
+        "about": "a slot's key and ids read with plain loads, not ordered after its meta (load_after)",
+        "replace": {"copy_short_ids": [
+            ("load_after(slots, 4 * s, meta)", "slots[uindex(4 * s)]"),
+            ("load_after(slots, 4 * s + 1, meta)", "slots[uindex(4 * s + 1)]"),
+            ("load_after(slots, 4 * s + 3, meta)", "slots[uindex(4 * s + 3)]")]},
+    },
+    "no_entry_count": {
+        "about": "no shared count of the cache's entries (a fetch_add per new pre-token)",
+        "replace": {"store": [("    fetch_add(fill, 1, 1)\n", "")]},
+    },
+}
+
+
+def _source(function) -> str:
+    """The source of a compiled function, to be compiled again: not cached (its copy in the
+    cache belongs to the original)."""
+    return inspect.getsource(function.py_func).replace("cache=True, ", "")
+
+
+def patched_sources(variant: dict) -> dict[str, str]:
+    """The sources of `FUNCTIONS` with the variant's replacements made; raises ValueError naming
+    a replacement whose lines are not (or no longer) in the source."""
+    from nbbpe import encode, encode_tables
+
+    sources = {}
+    for name in FUNCTIONS:
+        module = encode_tables if name in ("copy_short_ids", "store") else encode
+        source = _source(getattr(module, name))
+        for old, new in variant["replace"].get(name, []):
+            if old not in source:
+                raise ValueError(f"{name} no longer holds the lines this variant replaces: {old!r}")
+            source = source.replace(old, new, 1)
+        sources[name] = source
+    return sources
+
+
+def build_kernel(variant: dict):
+    """The GPT-2 MERGES encode kernel (as `encode.encode_gpt2_merges`) with the variant's
+    changes, uncompiled."""
+    from nbbpe import encode, encode_tables
+
+    namespace = dict(vars(encode))
+    tables = dict(vars(encode_tables))
+    for name, source in patched_sources(variant).items():
+        into = tables if name in ("copy_short_ids", "store") else namespace
+        exec(compile(source, f"<variant {name}>", "exec"), into)
+        if into is tables:
+            namespace[name] = tables[name]
+    exec(compile("""
+@njit(nogil=True, _nrt=False)
+def kernel(args, separator, out_base, doc, i):
+    return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, np.uint8,
+                            _encode_new_merges, args, separator, out_base, doc, i)
+""", "<variant kernel>", "exec"), namespace)
+    return namespace["kernel"]
+
+
+def compare(corpus: str, kernels: dict, rounds: int) -> dict:
+    """Paired rounds of every variant's kernel in `kernels` (baseline first) on `corpus`."""
+    import numpy as np
+
+    import bench_peers
+    from bench_encode import documents
+    from nbbpe import Tokenizer, encode
+
+    tok = Tokenizer.from_files(bench_peers.GPT2_VOCAB, bench_peers.GPT2_MERGES, [bench_peers.EOT])
+    tok.encode("compiled and loaded")
+    tables = tok._get_engine().documents.tables
+    encoders = {name: encode.DocumentEncoder(kernel, *tables) for name, kernel in kernels.items()}
+    names = list(kernels)
+    docs = list(documents(corpus))
+    buf = np.frombuffer(b"".join(docs), dtype=np.uint8)
+    ends = np.cumsum([len(d) for d in docs], dtype=np.int64)
+    out_ends = np.empty(len(ends), dtype=np.int64)
+    state = tok._thread_state()
+    cache = state.cache
+    parts = slice(5 * encode.WINDOW, 5 * encode.WINDOW + encode.PART_CACHE_ITEMS)
+
+    def cold_start():  # as a fresh tokenizer: the vocab table, no parts
+        cache.table = cache._fresh()
+        state.scratch[parts] = 0
+
+    expected = None
+    for name, encoder in encoders.items():  # compiled, and checked
+        cold_start()
+        ids = encoder.encode(buf, ends, -1, state, out_ends, np.int32)
+        expected = ids if expected is None else expected
+        if not np.array_equal(ids, expected):
+            raise SystemExit(f"variant {name} gives other ids than baseline")
+    times = {name: {"cold": [], "warm": []} for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            encoder = encoders[name]
+            cold_start()
+            t0 = time.perf_counter()
+            encoder.encode(buf, ends, -1, state, out_ends, np.int32)
+            t1 = time.perf_counter()
+            encoder.encode(buf, ends, -1, state, out_ends, np.int32)
+            t2 = time.perf_counter()
+            times[name]["cold"].append(t1 - t0)
+            times[name]["warm"].append(t2 - t1)
+    result = {}
+    for name in names:
+        row = {}
+        for kind in ("cold", "warm"):
+            ratios = [a / b for a, b in zip(times[name][kind], times["baseline"][kind])]
+            row[kind] = {"median_ms": 1e3 * statistics.median(times[name][kind]),
+                         "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
+                         "seconds": times[name][kind]}
+        result[name] = row
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench_encode import default_corpora
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("corpora", nargs="*", default=None)
+    parser.add_argument("--variants", nargs="+", default=[n for n in VARIANTS if n != "baseline"],
+                        choices=list(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    names = ["baseline"] + [n for n in args.variants if n != "baseline"]
+    for name in names:
+        try:
+            patched_sources(VARIANTS[name])
+        except ValueError as error:
+            print(f"variant {name}: {error}", file=sys.stderr)
+            return 2
+    kernels = {name: build_kernel(VARIANTS[name]) for name in names}  # compiled on first use
+    results = {}
+    print("corpus                 variant              cold ms  cold / baseline       warm ms  "
+          "warm / baseline")
+    for corpus in args.corpora or default_corpora():
+        results[corpus] = compare(corpus, kernels, args.rounds)
+        for name, row in results[corpus].items():
+            cold, warm = row["cold"], row["warm"]
+            print(f"{os.path.basename(corpus):22s} {name:20s} {cold['median_ms']:7.2f}  "
+                  f"{cold['ratio']:.3f} ({cold['ratio_range'][0]:.2f}-{cold['ratio_range'][1]:.2f})  "
+                  f"{warm['median_ms']:7.2f}  "
+                  f"{warm['ratio']:.3f} ({warm['ratio_range'][0]:.2f}-{warm['ratio_range'][1]:.2f})")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"variants": {n: VARIANTS[n]["about"] for n in names}, "results": results}, f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
