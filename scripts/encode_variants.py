@@ -40,6 +40,13 @@ _WINDOW_LOOP = """                _prepare_window(buf, i, window, n, cache, keys
                     j = window[t]
 """
 
+_WINDOW_ARRAYS = """    window = scratch[:WINDOW]
+    keys0 = scratch[WINDOW : 2 * WINDOW]
+    keys1 = scratch[2 * WINDOW : 3 * WINDOW]
+    tags = scratch[3 * WINDOW : 4 * WINDOW]
+    hashes = scratch[4 * WINDOW : 5 * WINDOW]
+"""
+
 VARIANTS = {
     "baseline": {"about": "the loop as it is", "replace": {}},
     "no_prefetch": {
@@ -61,6 +68,21 @@ VARIANTS = {
                     "                    ahead = min(t + 16, n - 1)\n"
                     "                    prefetch(cache.slots, 4 * home(cache, np.uint64(hashes[ahead])))\n"
                     "                    j = window[t]\n"))]},
+    },
+    "window_128": {
+        "about": "windows of at most 64 pre-tokens (128 - a block), not 192",
+        "replace": {"encode_documents": [("    window = scratch[:WINDOW]\n", "    window = scratch[:128]\n")]},
+    },
+    "window_1024": {
+        "about": "windows of at most 960 pre-tokens (1024 - a block), not 192",
+        "scratch_extra": 5 * 1024,  # their arrays after the thread's scratch space
+        "replace": {"encode_documents": [(_WINDOW_ARRAYS, """    far = scratch.shape[0] - 5 * 1024
+    window = scratch[far : far + 1024]
+    keys0 = scratch[far + 1024 : far + 2048]
+    keys1 = scratch[far + 2048 : far + 3072]
+    tags = scratch[far + 3072 : far + 4096]
+    hashes = scratch[far + 4096 : far + 5120]
+""")]},
     },
     "plain_slot_loads": {
         "about": "a slot's key and ids read with plain loads, not ordered after its meta (load_after)",
@@ -128,6 +150,10 @@ def compare(corpus: str, kernels: dict, rounds: int) -> dict:
     from bench_encode import documents
     from nbbpe import Tokenizer, encode
 
+    extra = max(VARIANTS[name].get("scratch_extra", 0) for name in kernels)
+    if extra:  # each thread's scratch space, longer (the loop as it is uses its start only)
+        plain = encode.new_scratch
+        encode.new_scratch = lambda: np.concatenate([plain(), np.zeros(extra, dtype=np.int64)])
     tok = Tokenizer.from_files(bench_peers.GPT2_VOCAB, bench_peers.GPT2_MERGES, [bench_peers.EOT])
     tok.encode("compiled and loaded")
     tables = tok._get_engine().documents.tables
