@@ -6,11 +6,12 @@
 A variant is the loop's source with some lines replaced (or a name in it bound to something
 else), compiled beside an unchanged copy (`baseline`, compiled the same way, not loaded from the
 cache). Every round encodes the corpus's documents in one `encode_utf8` call with each variant in
-turn (the order alternates): cold (the cache started again from the vocab table, the thread's part
-cache emptied, as in a fresh tokenizer), then warm (the same call again). A round's ratio is a
-variant's time over baseline's in that round, so the machine's slow and fast phases (a factor of
-two here, over seconds) cancel; the median ratio and its range over the rounds are reported. Each
-variant must give baseline's ids.
+turn, each paired with a pass of baseline made just before or after it (the order alternating):
+cold (the cache started again from the vocab table, the thread's part cache emptied, as in a fresh
+tokenizer), then warm (the same call again). A ratio is a variant's time over its paired
+baseline's, so the machine's slow and fast phases (a factor of two here, over seconds) cancel;
+the median ratio and its range over the rounds are reported. Each variant must give baseline's
+ids.
 
 `VARIANTS` holds what was tried (the README's "What moved encoding, and what did not" quotes the
 results); a new idea is a new entry. A variant whose lines are no longer in the source says so
@@ -178,25 +179,34 @@ def compare(corpus: str, kernels: dict, rounds: int) -> dict:
         expected = ids if expected is None else expected
         if not np.array_equal(ids, expected):
             raise SystemExit(f"variant {name} gives other ids than baseline")
+    def timed(name):  # (cold seconds, warm seconds)
+        cold_start()
+        t0 = time.perf_counter()
+        encoders[name].encode(buf, ends, -1, state, out_ends, np.int32)
+        t1 = time.perf_counter()
+        encoders[name].encode(buf, ends, -1, state, out_ends, np.int32)
+        return t1 - t0, time.perf_counter() - t1
+
+    # Each variant's passes are paired with baseline's made just before or after them (the
+    # order alternating), so that a ratio compares passes a few tens of milliseconds apart.
     times = {name: {"cold": [], "warm": []} for name in names}
+    ratios = {name: {"cold": [], "warm": []} for name in names}
+    others = names[1:] or names
     for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            encoder = encoders[name]
-            cold_start()
-            t0 = time.perf_counter()
-            encoder.encode(buf, ends, -1, state, out_ends, np.int32)
-            t1 = time.perf_counter()
-            encoder.encode(buf, ends, -1, state, out_ends, np.int32)
-            t2 = time.perf_counter()
-            times[name]["cold"].append(t1 - t0)
-            times[name]["warm"].append(t2 - t1)
+        for k, name in enumerate(others if r % 2 == 0 else others[::-1]):
+            pair = ("baseline", name) if (r + k) % 2 == 0 else (name, "baseline")
+            measured = dict(zip(pair, map(timed, pair)))
+            for j, kind in enumerate(("cold", "warm")):
+                for who in pair:
+                    times[who][kind].append(measured[who][j])
+                ratios[name][kind].append(measured[name][j] / measured["baseline"][j])
     result = {}
     for name in names:
         row = {}
         for kind in ("cold", "warm"):
-            ratios = [a / b for a, b in zip(times[name][kind], times["baseline"][kind])]
+            paired = ratios[name][kind] if name != "baseline" else [1.0]
             row[kind] = {"median_ms": 1e3 * statistics.median(times[name][kind]),
-                         "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
+                         "ratio": statistics.median(paired), "ratio_range": [min(paired), max(paired)],
                          "seconds": times[name][kind]}
         result[name] = row
     return result
