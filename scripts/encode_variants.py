@@ -3,10 +3,11 @@
     python scripts/encode_variants.py [CORPUS ...] [--variants NAME ...] [--rounds 20]
         [--json out.json]
 
-A variant is the loop's source with some lines replaced (or a name in it bound to something
-else), compiled beside an unchanged copy (`baseline`, compiled the same way, not loaded from the
-cache). Every round encodes the corpus's documents in one `encode_utf8` call with each variant in
-turn, each paired with a pass of baseline made just before or after it (the order alternating):
+A variant is the source of the loop's functions (`FUNCTIONS`) with some lines replaced, compiled
+beside an unchanged copy (`baseline`, compiled the same way, not loaded from the cache); one that
+needs more of the thread's scratch space says how much (`scratch_extra`). Every round encodes the
+corpus's documents in one `encode_utf8` call with each variant in turn, each paired with a pass
+of baseline made just before or after it (the order alternating):
 cold (the cache started again from the vocab table, the thread's part cache emptied, as in a fresh
 tokenizer), then warm (the same call again). A ratio is a variant's time over its paired
 baseline's, so the machine's slow and fast phases (a factor of two here, over seconds) cancel;

@@ -211,7 +211,7 @@ def profile(args) -> dict:
     with open(map_file, "w") as f:
         for region in regions:
             f.write(f"{region.start:x} {region.size:x} {region.name}\n")
-    data_file = tempfile.mktemp(suffix=".perf.data")
+    data_file = os.path.join(args.work_dir, "perf.data")
     recorder = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F",
                                  str(args.frequency), "-p", str(os.getpid()), "-o", data_file],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -232,7 +232,6 @@ def profile(args) -> dict:
     try:
         samples = perf_samples(data_file)
     finally:
-        os.unlink(data_file)
         os.unlink(map_file)
     by_function, by_address = attribute(samples, regions)
     total = max(1, sum(by_function.values()))
@@ -278,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instructions", default=None)
     parser.add_argument("--json", default=None)
     parser.add_argument("--in-fresh-cache", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.in_fresh_cache:  # the child: profile, hand the result back on stdout
         print(json.dumps(profile(args)))
@@ -287,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"profile_encode: needs {', '.join(missing)} on PATH (Linux perf and binutils)",
               file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory() as cache:
+    with tempfile.TemporaryDirectory() as work:  # the child's Numba cache and perf.data
         child = subprocess.run([sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]),
-                                "--in-fresh-cache"], env={**os.environ, "NUMBA_CACHE_DIR": cache},
+                                "--in-fresh-cache", "--work-dir", work],
+                               env={**os.environ, "NUMBA_CACHE_DIR": os.path.join(work, "numba")},
                                capture_output=True, text=True)
     if child.returncode != 0:
         print(child.stderr, file=sys.stderr)
