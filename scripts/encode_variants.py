@@ -36,6 +36,7 @@ sys.path.insert(0, HERE)
 # sees the ones before it), in a copy of nbbpe.encode's namespace.
 FUNCTIONS = ("copy_short_ids", "store", "_prepare_window", "_encode_new", "_encode_new_merges",
              "encode_documents")
+TABLE_FUNCTIONS = ("copy_short_ids", "store")  # of nbbpe.encode_tables; the others, nbbpe.encode
 
 _WINDOW_LOOP = """                _prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)
                 for t in range(n):
@@ -113,7 +114,7 @@ def patched_sources(variant: dict) -> dict[str, str]:
 
     sources = {}
     for name in FUNCTIONS:
-        module = encode_tables if name in ("copy_short_ids", "store") else encode
+        module = encode_tables if name in TABLE_FUNCTIONS else encode
         source = _source(getattr(module, name))
         for old, new in variant["replace"].get(name, []):
             if old not in source:
@@ -131,17 +132,13 @@ def build_kernel(variant: dict):
     namespace = dict(vars(encode))
     tables = dict(vars(encode_tables))
     for name, source in patched_sources(variant).items():
-        into = tables if name in ("copy_short_ids", "store") else namespace
+        into = tables if name in TABLE_FUNCTIONS else namespace
         exec(compile(source, f"<variant {name}>", "exec"), into)
         if into is tables:
             namespace[name] = tables[name]
-    exec(compile("""
-@njit(nogil=True, _nrt=False)
-def kernel(args, separator, out_base, doc, i):
-    return encode_documents(gpt2_pretoken_end, gpt2_block_boundaries, np.uint8,
-                            _encode_new_merges, args, separator, out_base, doc, i)
-""", "<variant kernel>", "exec"), namespace)
-    return namespace["kernel"]
+    # the kernel itself, as written in nbbpe.encode, over the functions above
+    exec(compile(_source(encode.encode_gpt2_merges), "<variant kernel>", "exec"), namespace)
+    return namespace["encode_gpt2_merges"]
 
 
 def compare(corpus: str, kernels: dict, rounds: int) -> dict:
