@@ -1145,6 +1145,7 @@ class ThreadState:
         # and cache table they hold.
         self.run_args: PackedArrays | None = None
         self.run_holds = (None, None)
+        self.utf8 = np.empty(0, dtype=np.uint8)  # see `utf8_room`
 
     def output(self, items: int) -> np.ndarray:
         """The output buffer, with room for `items` ids (at most `_OUT_ITEMS`: the kernels
@@ -1154,6 +1155,13 @@ class ThreadState:
             self.out = np.empty(max(items, 2 * len(self.out)), dtype=np.int32)
             self.text_call = None  # its arguments hold the old buffer
         return self.out
+
+    def utf8_room(self, items: int) -> np.ndarray:
+        """A buffer of at least `items` bytes for UTF-8 made from a str (`text_bytes`), kept
+        for the thread: pages fault in once, not for every group of a batch."""
+        if len(self.utf8) < items:
+            self.utf8 = np.empty(max(items, 2 * len(self.utf8)), dtype=np.uint8)
+        return self.utf8
 
     def make_room(self, full: Table) -> None:
         """A kernel found `full`, the cache's table it had, full: let the cache grow
@@ -1193,11 +1201,12 @@ _frombuffer = np.frombuffer
 
 def load_rare_kernels(ranks: Ranks, vocab: Table) -> None:
     """Load the kernels encoding calls only now and then (for a pre-token of more than
-    `_HEAP_ABOVE` bytes, or a cache that grows) if they are in Numba's cache, so that their
-    first use does not load them then: loading takes ~10 ms holding the GIL, which on a first
-    batch stops every other thread (a first 2-thread batch of multi_1M took 29 ms, 21 with them
-    loaded). Not cached yet: they compile when first needed, as before."""
+    `_HEAP_ABOVE` bytes, a cache that grows, a long text's UTF-8) if they are in Numba's
+    cache, so that their first use does not load them then: loading takes ~10 ms holding the
+    GIL, which on a first batch stops every other thread (a first 2-thread batch of multi_1M
+    took 29 ms, 21 with them loaded). Not cached yet: they compile when first needed."""
     from .encode_tables import _rehash
+    from .text_bytes import utf8_into
 
     if cached(encode_long_piece):
         text = np.frombuffer(b"x" * (_HEAP_ABOVE + 1), dtype=np.uint8)  # the types of real calls
@@ -1205,6 +1214,8 @@ def load_rare_kernels(ranks: Ranks, vocab: Table) -> None:
     if cached(_rehash):
         small = new_table(1, 16, 8)._replace(learns=True)
         _rehash(small, new_table(2, 16, 8)._replace(learns=True))
+    if cached(utf8_into):  # for a long text that is not ASCII (`text_bytes`)
+        utf8_into("\xe9", 0, 1, np.empty(4, dtype=np.uint8), 0)
 
 
 def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> np.ndarray:

@@ -120,6 +120,12 @@ def readonly_array_at(values, k, dtype):
     return _readonly_array_at(values[k], values[k + 1], dtype)
 
 
+@njit(inline="always")
+def readonly_array_from(address, length, dtype):
+    """The `length` items of `dtype` at `address`, as a read-only 1-d C array (no copy)."""
+    return _readonly_array_at(address, length, dtype)
+
+
 @intrinsic
 def data_address(typingctx, array):
     """Where the data of `array` (an array, or `bytes`) starts in memory."""

@@ -44,6 +44,7 @@ from .patterns import (
     special_token_regex,
     validate_special_tokens,
 )
+from .text_bytes import READ_IN_PLACE_FROM, ascii_bytes, transcode
 from .vocab_files import (
     Merges,
     Vocab,
@@ -76,6 +77,9 @@ _SMALL_BATCH_BYTES = 1 << 16  # below this a batch is not worth a second thread
 # 13.7 against 15.0 ms, multi_1M 12.3 against 13.0, web_5M 29.3 against 30.0 (with cl100k's
 # pattern 31.9 against 33.9), multi_1M with o200k's 15.5 both.
 _GROUPS_PER_THREAD = 8
+# Groups of at most this many pieces (a piece or two of a long text, a few long texts) are read
+# in place (`Tokenizer._encode_in_place`) if their pieces are long enough.
+_IN_PLACE_PIECES = 8
 # Characters of a group at most: a group is held as one str and its UTF-8 while it is encoded,
 # and fresh memory costs page faults; smaller groups reuse the same memory.
 _GROUP_CHARS = 1 << 20
@@ -340,6 +344,8 @@ class Tokenizer:
             text = _check_text(text, "encode")
         if self._family is None or len(text) > _LONG_TEXT_CHARS:
             return self._encode_long(text, np.int32).tolist()
+        if len(text) >= READ_IN_PLACE_FROM and len(text) >= self._thread_state().text_room:
+            return self._encode_in_place_text(text, None)  # the long way: its UTF-8 in place
         # `DocumentEncoder.encode_text`'s short path written out, as in encode_to_numpy (a frame
         # costs 50-70 ns of a 0.8 us call on a short text); a list straight from the kernel's ids.
         try:
@@ -366,6 +372,8 @@ class Tokenizer:
             text = _check_text(text, "encode_to_numpy")
         if self._family is None or len(text) > _LONG_TEXT_CHARS:
             return self._encode_long(text, dtype)
+        if len(text) >= READ_IN_PLACE_FROM and len(text) >= self._thread_state().text_room:
+            return self._encode_in_place_text(text, dtype)  # the long way: its UTF-8 in place
         # The short path written out, as in encode, for the default dtypes: uint16 ids (up to
         # 65,536 tokens), which the compiled call narrows in place (astype took ~0.15 us more),
         # and uint32 (the kernel's int32 ids, below 2**31: the same bits, copied: 0.35 µs, where
@@ -387,6 +395,21 @@ class Tokenizer:
                 return (state.text_ids_uint16 if narrow else state.text_ids_uint32)[w].copy()
             return self._engine.documents.encode_text_long(data, state, dtype)
         return (self._engine or self._get_engine()).documents.encode_text(data, state, dtype)
+
+    def _encode_in_place_text(self, text: str, dtype):
+        """The ids of a text of `READ_IN_PLACE_FROM` to `_LONG_TEXT_CHARS` characters and more
+        bytes than the short path takes, as `dtype` (a list if None): encoded the long way,
+        its UTF-8 read where the str holds it or transcoded without the GIL (`text_bytes`), not
+        copied by `str.encode`. (A shorter text takes the short path's one call, which wants
+        `bytes`: faster than the long way, 386 against 528 us for 70k characters.)"""
+        state = self._thread_state()
+        if text.isascii():
+            data = ascii_bytes(text)
+        else:
+            buf = state.utf8_room(4 * len(text))
+            w = transcode(text, 0, len(text), buf, 0)
+            data = buf[:w] if w >= 0 else _utf8(text)  # a lone surrogate: replaced
+        return self._get_engine().documents.encode_text_long(data, state, dtype)
 
     def _encode_long(self, text: str, dtype) -> np.ndarray:
         """The ids of `text` as `dtype`, for the regex path, or a text of more than
@@ -556,7 +579,13 @@ class Tokenizer:
     def _encode_pieces(self, pieces: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
         """(ids as `dtype`, where each piece's ids end) of `pieces` (texts, or pieces of texts),
         in this thread. What holds the GIL here keeps the other threads waiting: a group of
-        ASCII texts becomes bytes in one join and one copy."""
+        ASCII texts becomes bytes in one join and one copy; a group of a few long texts is read
+        in place (`_encode_in_place`)."""
+        if (len(pieces) <= _IN_PLACE_PIECES
+                and sum(map(len, pieces)) >= READ_IN_PLACE_FROM * len(pieces)):
+            encoded = self._encode_in_place([(piece, 0, len(piece)) for piece in pieces], dtype)
+            if encoded is not None:
+                return encoded
         if all(map(str.isascii, pieces)):  # isascii: O(1); map: no Python frame per piece
             data = "".join(pieces).encode("ascii")  # as many bytes as characters
         else:
@@ -573,7 +602,32 @@ class Tokenizer:
         out of it here, in the thread that encodes them, while the others encode (slicing
         multi_1M's longest text, held in 4 bytes a character, took 1.3 ms before any thread
         could start)."""
+        if len(pieces) <= _IN_PLACE_PIECES:  # nearly always: a piece or two of a long text
+            spans = [_piece_span(piece) for piece in pieces]
+            if sum(end - start for _, start, end in spans) >= READ_IN_PLACE_FROM * len(spans):
+                encoded = self._encode_in_place(spans, dtype)
+                if encoded is not None:
+                    return encoded
         return self._encode_pieces([_piece_text(piece) for piece in pieces], dtype)
+
+    def _encode_in_place(self, spans: list, dtype) -> tuple[np.ndarray, np.ndarray] | None:
+        """`_encode_pieces` of text[start:end] for each (text, start, end) of `spans`, without
+        slicing the texts or holding the GIL to make their UTF-8 (`text_bytes`): one ASCII
+        span read where the str holds it, others transcoded into this thread's buffer. None
+        if one holds a lone surrogate (then `_utf8` replaces them)."""
+        if len(spans) == 1 and spans[0][0].isascii():
+            text, start, end = spans[0]
+            return self.encode_utf8(ascii_bytes(text)[start:end], dtype=dtype)
+        state = self._thread_state()
+        buf = state.utf8_room(4 * sum(end - start for _, start, end in spans))
+        ends = np.empty(len(spans), dtype=np.int64)
+        w = 0
+        for k, (text, start, end) in enumerate(spans):
+            w = transcode(text, start, end, buf, w)
+            if w < 0:
+                return None
+            ends[k] = w
+        return self.encode_utf8(buf[:w], ends, dtype=dtype)
 
     def _encode_group(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
         """(ids as `dtype`, where each text's ids end) of `texts`, in this thread."""
@@ -1075,6 +1129,11 @@ def _cut_long_texts(texts: list[str], size: int, special_tokens, whitespace_cuts
         lengths.append(len(text) - start)
         last.append(len(pieces) - 1)
     return pieces, np.array(last, dtype=np.int64), np.array(lengths, dtype=np.int64)
+
+
+def _piece_span(piece) -> tuple[str, int, int]:
+    """(text, start, end) of a piece from `_cut_long_texts`."""
+    return (piece, 0, len(piece)) if type(piece) is str else piece
 
 
 def _piece_text(piece) -> str:

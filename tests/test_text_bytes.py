@@ -1,0 +1,170 @@
+"""A long str's UTF-8 read where CPython holds it, or transcoded by a compiled loop (text_bytes),
+and the encoding paths that use it, against `str.encode` and the bytes API."""
+
+import gc
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import nbbpe.tokenizer
+from nbbpe import text_bytes
+from nbbpe.text_bytes import ascii_bytes, utf8_into
+from nbbpe.tokenizer import _utf8
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EOT = "<|endoftext|>"
+# Characters at the edges of UTF-8's lengths and of the surrogates, and of each way CPython holds
+# a str (1 byte a character up to U+00FF, 2 up to U+FFFF, else 4).
+EDGES = "\x00\x7f\x80\xff\u0100\u07ff\u0800\ud7ff\ue000\uffff\U00010000\U0010ffff"
+
+
+def transcoded(text, start=0, end=None, at=0):
+    """(what utf8_into returns, the bytes it wrote) for text[start:end] written at `at`."""
+    end = len(text) if end is None else end
+    out = np.full(at + 4 * (end - start) + 8, 0xAA, dtype=np.uint8)
+    w = utf8_into(text, start, end, out, at)
+    assert (out[:at] == 0xAA).all()  # nothing before `at` is touched
+    return w, out[at:max(w, at)].tobytes()
+
+
+@given(st.text(), st.data())
+@settings(max_examples=300)
+def test_utf8_into_writes_what_str_encode_gives(text, data):
+    start = data.draw(st.integers(0, len(text)))
+    end = data.draw(st.integers(start, len(text)))
+    at = data.draw(st.integers(0, 20))
+    w, written = transcoded(text, start, end, at)
+    assert written == text[start:end].encode() and w == at + len(written)
+
+
+@pytest.mark.parametrize("filler", ["a", "\xe9", "\u0416", "\U0001f642"])  # each str kind
+def test_utf8_into_on_every_kind_and_edge(filler):
+    # runs of ASCII (copied eight at a time) broken at every place by the edge characters
+    for k, c in enumerate(EDGES):
+        text = filler * 3 + "plain ascii run " * 2 + c + "x" * k + filler + c
+        assert transcoded(text) == (len(text.encode()), text.encode())
+        assert transcoded(text, 1, len(text) - 1)[1] == text[1:-1].encode()
+
+
+def test_utf8_into_says_where_a_lone_surrogate_stops_it():
+    for surrogate in ("\ud800", "\udbff", "\udc00", "\udfff"):
+        text = "abcdefghij" + surrogate + "k\U0001f642"
+        assert transcoded(text)[0] == -1
+        assert transcoded(text, 0, 10) == (10, b"abcdefghij")  # not within the range asked
+        assert transcoded(text, 11)[1] == "k\U0001f642".encode()
+    assert transcoded("\ud83d\ude42")[0] == -1  # a pair of lone surrogates: `_utf8` joins them
+
+
+def test_ascii_bytes_are_the_strs_own_memory_and_keep_it_alive():
+    text = "".join(["ascii text, ", str(12345)]) * 1000  # made here: no other reference
+    first = ascii_bytes(text)
+    second = ascii_bytes(text)
+    assert first.__array_interface__["data"][0] == second.__array_interface__["data"][0]
+    assert first.tobytes() == text.encode() and first.dtype == np.uint8
+    assert not first.flags.writeable
+    with pytest.raises(ValueError):
+        first[0] = 1
+    expected = text.encode()
+    part = first[100:200]
+    del text, first, second
+    gc.collect()
+    others = ["y" * len(expected) for _ in range(20)]  # would reuse the str's memory if freed
+    assert part.tobytes() == expected[100:200] and len(others) == 20
+    text = "".join(["held ", "by its view"])
+    before = sys.getrefcount(text)
+    view = ascii_bytes(text)[2:]
+    assert sys.getrefcount(text) == before + 1  # the view holds the str
+    del view
+    assert sys.getrefcount(text) == before
+    for not_ascii in ("caf\xe9", "\u0416", "\U0001f642", "\ud800"):
+        with pytest.raises(ValueError, match="not ASCII"):
+            ascii_bytes("ascii, then " + not_ascii)
+
+
+def long_texts():
+    web = (FIXTURES / "web_sample.txt").read_text(encoding="utf-8")
+    multi = (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")
+    ascii_web = web.encode("ascii", "ignore").decode()
+    return {
+        "ascii": ascii_web,
+        "latin-1": ascii_web.replace("e", "\xe9"),
+        "2 bytes a character": ascii_web.replace("e", "\u0435"),  # Cyrillic
+        "4 bytes a character": web + " \U0001f642",
+        "multilingual": multi,
+        "lone surrogates": ascii_web[:5000] + " \ud800 \ud83d\ude42 " + multi[:5000],
+        "special tokens": ascii_web[:3000] + EOT + multi[:3000] + EOT,
+    }
+
+
+def test_texts_longer_than_the_short_path_takes_are_read_in_place(gpt2_files, monkeypatch):
+    # A text the short path has no room for (more than `text_room` bytes) goes the long way:
+    # its UTF-8 read where the str holds it if ASCII, else transcoded (with a lone surrogate,
+    # `_utf8` replaces it); the ids are those of its UTF-8 through the bytes API. A shorter
+    # one keeps the short path's one call (which wants bytes: `str.encode`).
+    from nbbpe import Tokenizer
+
+    tok = Tokenizer(*gpt2_files, [EOT])
+    reference = Tokenizer(*gpt2_files, [EOT])  # (its calls would grow `tok`'s buffers)
+    read_in_place, transcodes = [], []
+    real_ascii_bytes, real_utf8_into = text_bytes.ascii_bytes, text_bytes.utf8_into
+    monkeypatch.setattr(nbbpe.tokenizer, "ascii_bytes",
+                        lambda text: read_in_place.append(len(text)) or real_ascii_bytes(text))
+    monkeypatch.setattr(text_bytes, "utf8_into",
+                        lambda *args: transcodes.append(args[2] - args[1]) or real_utf8_into(*args))
+    for first in ("a first text", "a second: it readies the short path"):
+        tok.encode(first)
+    room = tok._thread_state().text_room
+    assert room > nbbpe.tokenizer.READ_IN_PLACE_FROM
+    for name, text in long_texts().items():
+        text = text * (room // len(text) + 1)
+        want = reference.encode_utf8(_utf8(text))[0].tolist()
+        read_in_place.clear()
+        transcodes.clear()
+        assert tok.encode(text) == want, name
+        assert tok.encode_to_numpy(text).tolist() == want, name
+        assert tok.encode_to_numpy(text, np.int64).dtype == np.int64
+        if text.isascii():
+            assert read_in_place == [len(text)] * 3 and transcodes == [], name
+        else:
+            assert read_in_place == [] and transcodes == [len(text)] * 3, name
+        read_in_place.clear()
+        transcodes.clear()
+        shorter = text[: room // 4]  # fits the short path whatever its width
+        assert tok.encode(shorter) == reference.encode_utf8(_utf8(shorter))[0].tolist(), name
+        assert read_in_place == [] and transcodes == [], name
+    state = tok._thread_state()
+    assert state.text_room == room  # the long way did not grow the short path's buffer
+    assert len(state.utf8) >= 4 * room  # the UTF-8 buffer is kept for the thread
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_long_texts_in_a_batch_are_read_in_place(gpt2_files, monkeypatch, threads):
+    # Groups of a few long texts, or of pieces of a cut text, are read in place (a lone
+    # surrogate sends its group the old way); groups of many short texts are joined as before.
+    from nbbpe import Tokenizer
+
+    monkeypatch.setattr(nbbpe.tokenizer, "READ_IN_PLACE_FROM", 512)
+    monkeypatch.setattr(nbbpe.tokenizer, "_GROUP_CHARS", 4000)
+    tok = Tokenizer(*gpt2_files, [EOT])
+    spans = []
+    real = tok._encode_in_place
+    monkeypatch.setattr(tok, "_encode_in_place", lambda s, dtype: spans.append(s) or real(s, dtype))
+    texts = long_texts()
+    batch = list(texts.values()) + ["short", "", "caf\xe9"] * 50 + [texts["ascii"][:700]]
+    want = [tok.encode_utf8(_utf8(text))[0].tolist() for text in batch]
+    ids, offsets = tok.encode_batch_to_numpy(batch, num_threads=threads)
+    assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
+    assert tok.encode_batch(batch, num_threads=threads) == want
+    read = {(id(text), start, end) for group in spans for text, start, end in group}
+    # every text long enough to be cut went through in pieces of itself, end to end (the
+    # others may share a group with many short texts)
+    cut = [text for text in texts.values() if len(text) > 2 * 4000]
+    assert len(cut) == 6
+    for text in cut:
+        pieces = sorted((start, end) for t, start, end in read if t == id(text))
+        assert pieces[0][0] == 0 and pieces[-1][1] == len(text), len(pieces)
+        assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
