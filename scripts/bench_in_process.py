@@ -14,7 +14,11 @@ tool's ids are checked against the first tool's.
 
 With `--api batch`, each pass is instead one call of the tool's batch API on all the documents
 (built for one thread; the process is pinned to one CPU whatever the tool's own pool does):
-what the tools' compiled code costs without a call from Python per document.
+what the tools' compiled code costs without a call from Python per document. With `--api
+whole`, one call of the one-text API on the documents joined by line breaks into one str, made
+anew for each pass (a tool that keeps a str's UTF-8 in the str, as CPython's
+`PyUnicode_AsUTF8AndSize` does, finds none from an earlier pass): a long text, as a user who
+reads a file into one str has it.
 """
 
 from __future__ import annotations
@@ -36,15 +40,28 @@ from bench_encode import default_corpora, documents, per_document  # noqa: E402
 from encode_breakdown import show, spread  # noqa: E402
 
 
+API_NAMES = {"one": "a call per document", "batch": "one batch call",
+             "whole": "one call on them joined into one str"}
+
+
 def one_round(tools: list[str], docs: list[str], api: str = "one") -> dict:
     """{tool: (cold seconds, warm seconds, each document's ids)} for one pass each, tools in
-    the order given; a pass is a call per document (`api` "one") or one batch call ("batch")."""
+    the order given; a pass is a call per document (`api` "one"), one batch call ("batch") or
+    one call on the documents joined into one str ("whole": its ids are the one document's)."""
     result = {}
     for name in tools:
         encoder = bench_peers.build(name, "gpt2", 1)
         for doc in bench_peers.WARM_UP:  # load (or compile) what the first call needs
             encoder.one(doc)
-        if api == "batch":
+        if api == "whole":
+            timed = []
+            for _ in range(2):  # cold, then warm, each on a str made anew
+                text = "\n".join(docs)
+                t0 = time.perf_counter()
+                ids = [encoder.one(text)]
+                timed.append(time.perf_counter() - t0)
+            cold, warm = timed
+        elif api == "batch":
             encoder.batch(bench_peers.WARM_UP)
             t0 = time.perf_counter()
             ids = list(per_document(encoder.batch(docs), len(docs)))
@@ -67,6 +84,8 @@ def one_round(tools: list[str], docs: list[str], api: str = "one") -> dict:
 def measure(path: str, tools: list[str], rounds: int, api: str = "one") -> dict:
     docs = [doc.decode() for doc in documents(path)]
     megabytes = sum(len(doc.encode()) for doc in docs) / 1e6
+    if api == "whole":  # and the line breaks joining them
+        megabytes += (len(docs) - 1) / 1e6
     runs = []
     exact = {name: True for name in tools}
     for k in range(rounds):
@@ -97,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tools", default="nbbpe,gigatoken,fastokens")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--cpu", type=int, default=None, help="pin to this CPU (default: the last)")
-    parser.add_argument("--api", choices=("one", "batch"), default="one",
-                        help="a call per document (default), or one batch call on all of them")
+    parser.add_argument("--api", choices=("one", "batch", "whole"), default="one",
+                        help="a call per document (default), one batch call on all of them, or "
+                             "one call on them joined into one str")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     tools = [name for name in args.tools.split(",")
@@ -112,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         print(f"{os.path.basename(path)}: {result['megabytes']:.2f} MB in {result['documents']:,} "
               f"documents, GPT-2's files, 1 thread, "
-              f"{'a call per document' if args.api == 'one' else 'one batch call'}, {args.rounds} rounds")
+              f"{API_NAMES[args.api]}, {args.rounds} rounds")
         print("  tool        cold MB/s              warm MB/s              nbbpe / tool cold   "
               "nbbpe / tool warm   ids")
         for name, row in result["tools"].items():

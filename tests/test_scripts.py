@@ -372,6 +372,35 @@ def test_bench_in_process_batch_api_times_one_batch_call_and_checks_each_documen
     assert not json.loads(out.read_text())[0]["tools"]["tiktoken"]["exact"]
 
 
+def test_bench_in_process_whole_api_times_one_call_on_a_fresh_joined_str(tmp_path, monkeypatch):
+    corpus = tmp_path / "small.txt"
+    web = (FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:6000]
+    multi = (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:6000]
+    corpus.write_text(web + f"\n{EOT}\n" + multi, encoding="utf-8")
+    script = load_script("bench_in_process")
+    build = script.bench_peers.build
+    texts = []
+
+    def counted(name, encoding, threads):
+        encoder = build(name, encoding, threads)
+        one = encoder.one
+        encoder.one = lambda doc: texts.append((name, doc)) or one(doc)
+        return encoder
+
+    monkeypatch.setattr(script.bench_peers, "build", counted)
+    out = tmp_path / "whole.json"
+    assert script.main([str(corpus), "--tools", "nbbpe,tiktoken", "--rounds", "1", "--api", "whole",
+                        "--json", str(out)]) == 0
+    [result] = json.loads(out.read_text())
+    joined = "\n".join(doc.decode() for doc in script.documents(str(corpus)))
+    assert result["api"] == "whole" and result["documents"] > 2
+    assert result["megabytes"] == len(joined.encode()) / 1e6
+    assert result["tools"]["nbbpe"]["exact"] and result["tools"]["tiktoken"]["exact"]
+    for name in ("nbbpe", "tiktoken"):  # after the warm-up: two calls, each on a str of its own
+        cold, warm = [doc for who, doc in texts if who == name][len(script.bench_peers.WARM_UP):]
+        assert cold == warm == joined and cold is not warm
+
+
 def test_bench_short_texts_times_each_call_and_checks_the_ids(tmp_path, capsys):
     out = tmp_path / "short.json"
     assert load_script("bench_short_texts").main([
