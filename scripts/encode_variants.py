@@ -87,6 +87,31 @@ VARIANTS = {
     hashes = scratch[far + 4096 : far + 5120]
 """)]},
     },
+    "window_records": {
+        "about": "a window's keys, tags and hashes in one array of 4 items per pre-token, not 4 arrays",
+        "replace": {
+            "_prepare_window": [
+                ("def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):",
+                 "def _prepare_window(buf, start, window, n, cache, rec):"),
+                ("        tags[t] = 0\n", "        rec[4 * t + 2] = 0\n"),
+                ("            keys0[t] = np.int64(k0)\n", "            rec[4 * t] = np.int64(k0)\n"),
+                ("            keys1[t] = np.int64(k1)\n", "            rec[4 * t + 1] = np.int64(k1)\n"),
+                ("            tags[t] = length\n", "            rec[4 * t + 2] = length\n"),
+                ("            hashes[t] = np.int64(h)\n", "            rec[4 * t + 3] = np.int64(h)\n"),
+                ("            keys0[t] = k0\n", "            rec[4 * t] = k0\n"),
+                ("            keys1[t] = k1\n", "            rec[4 * t + 1] = k1\n"),
+                ("            hashes[t] = np.int64(h)\n", "            rec[4 * t + 3] = np.int64(h)\n")],
+            "encode_documents": [
+                (_WINDOW_ARRAYS, "    window = scratch[:WINDOW]\n    rec = scratch[WINDOW : 5 * WINDOW]\n"),
+                ("_prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)",
+                 "_prepare_window(buf, i, window, n, cache, rec)"),
+                ("tag = tags[t]", "tag = rec[4 * t + 2]"),
+                ("np.uint64(hashes[t]), keys0[t], keys1[t],", "np.uint64(rec[4 * t + 3]), rec[4 * t], rec[4 * t + 1],"),
+                ("encode_new(buf, i, j, keys0[t], keys1[t], tag,", "encode_new(buf, i, j, rec[4 * t], rec[4 * t + 1], tag,"),
+                ("np.uint64(hashes[t]), found,", "np.uint64(rec[4 * t + 3]), found,"),
+                ("keys0[t], keys1[t], LONG, np.uint64(hashes[t])",
+                 "rec[4 * t], rec[4 * t + 1], LONG, np.uint64(rec[4 * t + 3])")]},
+    },
     "plain_slot_loads": {
         "about": "a slot's key and ids read with plain loads, not ordered after its meta (load_after)",
         "replace": {"copy_short_ids": [
