@@ -421,6 +421,31 @@ def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files
     assert len(buffers) > 1  # and the buffer was replaced
 
 
+def test_the_short_path_is_packed_again_only_when_its_cache_or_buffer_changed(gpt2_files,
+                                                                             monkeypatch):
+    # A text too long for the short path goes the long way, then readies the short path again:
+    # its arguments are packed anew only if the cache's table or the output buffer is not the
+    # one they hold (packing took 65-85 us a call).
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    for text in ("a first text", "a second: it readies the short path"):
+        tokenizer.encode(text)
+    state = tokenizer._thread_state()
+    packs = []
+    real = encode.pack_encode_args
+    monkeypatch.setattr(encode, "pack_encode_args",
+                        lambda *args: packs.append(len(args)) or real(*args))
+    long_text = read("web_sample.txt") * 3
+    assert len(long_text) > state.text_room
+    expected = tokenizer.encode(long_text)
+    for _ in range(3):
+        assert tokenizer.encode(long_text) == expected and tokenizer.encode("short") == [19509]
+    assert 10 not in packs  # the short path's own packing (with its text buffer) was not redone
+    state.cache.table = state.cache._fresh()  # as another thread's `make_room` would leave it
+    assert tokenizer.encode(long_text) == expected and tokenizer.encode("short") == [19509]
+    assert packs.count(10) == 1
+    assert state.text_args.values[CACHE_AT] == address(state.cache.table.slots)
+
+
 def test_calls_of_a_batch_follow_their_cache_and_buffer_and_let_go_of_the_text(gpt2_files):
     # A thread keeps its kernel arguments packed from call to call and only puts in the next
     # documents; a cache that grows or starts again and a larger output buffer are packed anew:
