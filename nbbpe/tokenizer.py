@@ -83,7 +83,9 @@ _IN_PLACE_PIECES = 8
 # Characters of a group at most: a group is held as one str and its UTF-8 while it is encoded,
 # and fresh memory costs page faults; smaller groups reuse the same memory.
 _GROUP_CHARS = 1 << 20
-_LONG_TEXT_CHARS = 2 * _GROUP_CHARS  # `encode` cuts longer texts into groups (`_encode_long`)
+# `encode` cuts longer texts into groups (`_encode_long`); at least READ_IN_PLACE_FROM, which it
+# tests first (a short text's one test)
+_LONG_TEXT_CHARS = 2 * _GROUP_CHARS
 
 # Where a block may end: between a pre-token and a following whitespace character. With GPT-2's
 # pattern a non-space character followed by a space always ends a pre-token, and the matches
@@ -342,10 +344,11 @@ class Tokenizer:
         million characters at a time, so that memory beyond the ids stays bounded)."""
         if type(text) is not str:
             text = _check_text(text, "encode")
-        if self._family is None or len(text) > _LONG_TEXT_CHARS:
-            return self._encode_long(text, np.int32).tolist()
-        if len(text) >= READ_IN_PLACE_FROM and len(text) >= self._thread_state().text_room:
-            return self._encode_in_place_text(text, None)  # the long way: its UTF-8 in place
+        if self._family is None or len(text) >= READ_IN_PLACE_FROM:  # (one test for short texts)
+            if self._family is None or len(text) > _LONG_TEXT_CHARS:
+                return self._encode_long(text, np.int32).tolist()
+            if len(text) >= self._thread_state().text_room:  # the long way: its UTF-8 in place
+                return self._encode_in_place_text(text, None)
         # `DocumentEncoder.encode_text`'s short path written out, as in encode_to_numpy (a frame
         # costs 50-70 ns of a 0.8 us call on a short text); a list straight from the kernel's ids.
         try:
@@ -370,10 +373,11 @@ class Tokenizer:
         dtype = self._default_dtype if dtype is None else self.id_dtype(dtype)
         if type(text) is not str:
             text = _check_text(text, "encode_to_numpy")
-        if self._family is None or len(text) > _LONG_TEXT_CHARS:
-            return self._encode_long(text, dtype)
-        if len(text) >= READ_IN_PLACE_FROM and len(text) >= self._thread_state().text_room:
-            return self._encode_in_place_text(text, dtype)  # the long way: its UTF-8 in place
+        if self._family is None or len(text) >= READ_IN_PLACE_FROM:  # (one test for short texts)
+            if self._family is None or len(text) > _LONG_TEXT_CHARS:
+                return self._encode_long(text, dtype)
+            if len(text) >= self._thread_state().text_room:  # the long way: its UTF-8 in place
+                return self._encode_in_place_text(text, dtype)
         # The short path written out, as in encode, for the default dtypes: uint16 ids (up to
         # 65,536 tokens), which the compiled call narrows in place (astype took ~0.15 us more),
         # and uint32 (the kernel's int32 ids, below 2**31: the same bits, copied: 0.35 µs, where
