@@ -112,6 +112,75 @@ VARIANTS = {
                 ("keys0[t], keys1[t], LONG, np.uint64(hashes[t])",
                  "rec[4 * t], rec[4 * t + 1], LONG, np.uint64(rec[4 * t + 3])")]},
     },
+    "fused_scan": {
+        "about": "each pre-token keyed, hashed and its slot prefetched as the scanner finds it, "
+                 "not in a second pass over the window (`_prepare_window`)",
+        "replace": {
+            "_prepare_window": [("        start = end\n", """        start = end
+
+
+from numba.cpython.unsafe.numbers import trailing_zeros
+from nbbpe.scanners.classes import MIN_ASCII
+
+
+@njit(inline="always")
+def _prepare_one(buf, size, start, end, t, cache, keys0, keys1, tags, hashes):
+    length = end - start
+    tags[uindex(t)] = 0
+    if length <= MAX_SHORT and start + 16 <= size:
+        k0 = load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * min(length, 8)))
+        k1 = load8(buf, start + 8) & (_ALL_ONES >> np.uint64((128 - 8 * length) & 63))
+        k1 = k1 if length > 8 else np.uint64(0)
+        h = short_hash(k0, k1, length)
+        keys0[uindex(t)] = np.int64(k0)
+        keys1[uindex(t)] = np.int64(k1)
+        tags[uindex(t)] = length
+        hashes[uindex(t)] = np.int64(h)
+        prefetch(cache.slots, 4 * home(cache, h))
+    elif MAX_SHORT < length <= _HEAP_ABOVE:
+        k0, k1, _, h = key_of(buf, start, end)
+        keys0[uindex(t)] = k0
+        keys1[uindex(t)] = k1
+        hashes[uindex(t)] = np.int64(h)
+        prefetch(cache.slots, 4 * home(cache, h))
+
+
+@njit(inline="always")
+def _scan_prepare(scanner, block_scanner, buf, table, i, stop, ends, cache, keys0, keys1,
+                  tags, hashes):
+    k = 0
+    limit = ends.shape[0] - BLOCK
+    size = buf.shape[0]
+    start = i
+    while i < stop and k < limit:
+        bits = np.uint64(0)
+        if i + BLOCK <= stop:
+            bits = block_scanner(buf, table, i, stop)
+        elif i + BLOCK <= size and stop - i >= MIN_ASCII:
+            bits = block_scanner(buf, table, i, stop)
+        if bits:
+            base = i
+            while bits:
+                i = base + np.int64(trailing_zeros(bits))
+                bits &= bits - np.uint64(1)
+                ends[uindex(k)] = i
+                _prepare_one(buf, size, start, i, k, cache, keys0, keys1, tags, hashes)
+                start = i
+                k += 1
+        else:
+            i = scanner(buf, table, i, stop)
+            ends[uindex(k)] = i
+            _prepare_one(buf, size, start, i, k, cache, keys0, keys1, tags, hashes)
+            start = i
+            k += 1
+    return k
+""")],
+            "encode_documents": [
+                ("                n = scan_window(scanner, block_scanner, buf, table, i, stop, window)\n",
+                 "                n = _scan_prepare(scanner, block_scanner, buf, table, i, stop, window,"
+                 " cache, keys0, keys1, tags, hashes)\n"),
+                ("                _prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)\n", "")]},
+    },
     "plain_slot_loads": {
         "about": "a slot's key and ids read with plain loads, not ordered after its meta (load_after)",
         "replace": {"copy_short_ids": [
