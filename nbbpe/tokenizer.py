@@ -44,7 +44,6 @@ from .patterns import (
     special_token_regex,
     validate_special_tokens,
 )
-from .text_bytes import READ_IN_PLACE_FROM, ascii_bytes, transcode
 from .vocab_files import (
     Merges,
     Vocab,
@@ -83,7 +82,11 @@ _IN_PLACE_PIECES = 8
 # Characters of a group at most: a group is held as one str and its UTF-8 while it is encoded,
 # and fresh memory costs page faults; smaller groups reuse the same memory.
 _GROUP_CHARS = 1 << 20
-# `encode` cuts longer texts into groups (`_encode_long`); at least READ_IN_PLACE_FROM, which it
+# Characters from which a text, or each piece of a group on average, has its UTF-8 read where the
+# str holds it or made by a compiled loop without the GIL (`text_bytes`), not by `str.encode`:
+# starting that costs ~2-3 us, about what copying 64 KB does.
+_READ_IN_PLACE_FROM = 1 << 16
+# `encode` cuts longer texts into groups (`_encode_long`); at least _READ_IN_PLACE_FROM, which it
 # tests first (a short text's one test)
 _LONG_TEXT_CHARS = 2 * _GROUP_CHARS
 
@@ -344,7 +347,7 @@ class Tokenizer:
         million characters at a time, so that memory beyond the ids stays bounded)."""
         if type(text) is not str:
             text = _check_text(text, "encode")
-        if self._family is None or len(text) >= READ_IN_PLACE_FROM:  # (one test for short texts)
+        if self._family is None or len(text) >= _READ_IN_PLACE_FROM:  # (one test for short texts)
             if self._family is None or len(text) > _LONG_TEXT_CHARS:
                 return self._encode_long(text, np.int32).tolist()
             if len(text) >= self._thread_state().text_room:  # the long way: its UTF-8 in place
@@ -373,7 +376,7 @@ class Tokenizer:
         dtype = self._default_dtype if dtype is None else self.id_dtype(dtype)
         if type(text) is not str:
             text = _check_text(text, "encode_to_numpy")
-        if self._family is None or len(text) >= READ_IN_PLACE_FROM:  # (one test for short texts)
+        if self._family is None or len(text) >= _READ_IN_PLACE_FROM:  # (one test for short texts)
             if self._family is None or len(text) > _LONG_TEXT_CHARS:
                 return self._encode_long(text, dtype)
             if len(text) >= self._thread_state().text_room:  # the long way: its UTF-8 in place
@@ -401,17 +404,19 @@ class Tokenizer:
         return (self._engine or self._get_engine()).documents.encode_text(data, state, dtype)
 
     def _encode_in_place_text(self, text: str, dtype):
-        """The ids of a text of `READ_IN_PLACE_FROM` to `_LONG_TEXT_CHARS` characters and more
+        """The ids of a text of `_READ_IN_PLACE_FROM` to `_LONG_TEXT_CHARS` characters and more
         bytes than the short path takes, as `dtype` (a list if None): encoded the long way,
         its UTF-8 read where the str holds it or transcoded without the GIL (`text_bytes`), not
         copied by `str.encode`. (A shorter text takes the short path's one call, which wants
         `bytes`: faster than the long way, 386 against 528 us for 70k characters.)"""
+        from . import text_bytes  # (it imports Numba: not with nbbpe)
+
         state = self._thread_state()
         if text.isascii():
-            data = ascii_bytes(text)
+            data = text_bytes.ascii_bytes(text)
         else:
             buf = state.utf8_room(4 * len(text))
-            w = transcode(text, 0, len(text), buf, 0)
+            w = text_bytes.transcode(text, 0, len(text), buf, 0)
             data = buf[:w] if w >= 0 else _utf8(text)  # a lone surrogate: replaced
         return self._get_engine().documents.encode_text_long(data, state, dtype)
 
@@ -586,7 +591,7 @@ class Tokenizer:
         ASCII texts becomes bytes in one join and one copy; a group of a few long texts is read
         in place (`_encode_in_place`)."""
         if (len(pieces) <= _IN_PLACE_PIECES
-                and sum(map(len, pieces)) >= READ_IN_PLACE_FROM * len(pieces)):
+                and sum(map(len, pieces)) >= _READ_IN_PLACE_FROM * len(pieces)):
             encoded = self._encode_in_place([(piece, 0, len(piece)) for piece in pieces], dtype)
             if encoded is not None:
                 return encoded
@@ -608,7 +613,7 @@ class Tokenizer:
         could start)."""
         if len(pieces) <= _IN_PLACE_PIECES:  # nearly always: a piece or two of a long text
             spans = [_piece_span(piece) for piece in pieces]
-            if sum(end - start for _, start, end in spans) >= READ_IN_PLACE_FROM * len(spans):
+            if sum(end - start for _, start, end in spans) >= _READ_IN_PLACE_FROM * len(spans):
                 encoded = self._encode_in_place(spans, dtype)
                 if encoded is not None:
                     return encoded
@@ -619,15 +624,17 @@ class Tokenizer:
         slicing the texts or holding the GIL to make their UTF-8 (`text_bytes`): one ASCII
         span read where the str holds it, others transcoded into this thread's buffer. None
         if one holds a lone surrogate (then `_utf8` replaces them)."""
+        from . import text_bytes  # (it imports Numba: not with nbbpe)
+
         if len(spans) == 1 and spans[0][0].isascii():
             text, start, end = spans[0]
-            return self.encode_utf8(ascii_bytes(text)[start:end], dtype=dtype)
+            return self.encode_utf8(text_bytes.ascii_bytes(text)[start:end], dtype=dtype)
         state = self._thread_state()
         buf = state.utf8_room(4 * sum(end - start for _, start, end in spans))
         ends = np.empty(len(spans), dtype=np.int64)
         w = 0
         for k, (text, start, end) in enumerate(spans):
-            w = transcode(text, start, end, buf, w)
+            w = text_bytes.transcode(text, start, end, buf, w)
             if w < 0:
                 return None
             ends[k] = w

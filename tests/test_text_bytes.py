@@ -111,14 +111,14 @@ def test_texts_longer_than_the_short_path_takes_are_read_in_place(gpt2_files, mo
     reference = Tokenizer(*gpt2_files, [EOT])  # (its calls would grow `tok`'s buffers)
     read_in_place, transcodes = [], []
     real_ascii_bytes, real_utf8_into = text_bytes.ascii_bytes, text_bytes.utf8_into
-    monkeypatch.setattr(nbbpe.tokenizer, "ascii_bytes",
+    monkeypatch.setattr(text_bytes, "ascii_bytes",
                         lambda text: read_in_place.append(len(text)) or real_ascii_bytes(text))
     monkeypatch.setattr(text_bytes, "utf8_into",
                         lambda *args: transcodes.append(args[2] - args[1]) or real_utf8_into(*args))
     for first in ("a first text", "a second: it readies the short path"):
         tok.encode(first)
     room = tok._thread_state().text_room
-    assert room > nbbpe.tokenizer.READ_IN_PLACE_FROM
+    assert room > nbbpe.tokenizer._READ_IN_PLACE_FROM
     for name, text in long_texts().items():
         text = text * (room // len(text) + 1)
         want = reference.encode_utf8(_utf8(text))[0].tolist()
@@ -147,7 +147,7 @@ def test_long_texts_in_a_batch_are_read_in_place(gpt2_files, monkeypatch, thread
     # surrogate sends its group the old way); groups of many short texts are joined as before.
     from nbbpe import Tokenizer
 
-    monkeypatch.setattr(nbbpe.tokenizer, "READ_IN_PLACE_FROM", 512)
+    monkeypatch.setattr(nbbpe.tokenizer, "_READ_IN_PLACE_FROM", 512)
     monkeypatch.setattr(nbbpe.tokenizer, "_GROUP_CHARS", 4000)
     tok = Tokenizer(*gpt2_files, [EOT])
     spans = []
@@ -168,3 +168,14 @@ def test_long_texts_in_a_batch_are_read_in_place(gpt2_files, monkeypatch, thread
         pieces = sorted((start, end) for t, start, end in read if t == id(text))
         assert pieces[0][0] == 0 and pieces[-1][1] == len(text), len(pieces)
         assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+
+
+def test_import_nbbpe_loads_no_numba():
+    # The module of the compiled UTF-8 loop imports Numba (0.3 s): the tokenizer imports it
+    # only when a long text comes, so that `import nbbpe` and building a Tokenizer stay fast.
+    import subprocess
+
+    code = ("import sys, nbbpe; from nbbpe import Tokenizer; "
+            "print(sorted(m for m in ('numba', 'llvmlite', 'nbbpe.text_bytes') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

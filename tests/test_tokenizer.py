@@ -732,7 +732,7 @@ def test_a_long_text_is_encoded_in_groups(gpt2_files, monkeypatch):
 
     monkeypatch.setattr(nbbpe.tokenizer, "_GROUP_CHARS", 2000)
     monkeypatch.setattr(nbbpe.tokenizer, "_LONG_TEXT_CHARS", 4000)
-    monkeypatch.setattr(nbbpe.tokenizer, "READ_IN_PLACE_FROM", 2000)  # (never above that)
+    monkeypatch.setattr(nbbpe.tokenizer, "_READ_IN_PLACE_FROM", 2000)  # (never above that)
     tok = Tokenizer(*gpt2_files, [EOT])
     text = (read("web_sample.txt")[:9000] + EOT + read("multi_sample.txt")[:9000]
             + "\ud800 lone" + EOT) * 2
