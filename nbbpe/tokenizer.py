@@ -23,6 +23,8 @@ meets it, and `encode_batch` spreads a batch over threads.
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -486,16 +488,22 @@ class Tokenizer:
         dtype = self.id_dtype(dtype)
         if isinstance(iterable, str):
             iterable = (iterable,)
+        elif isinstance(iterable, io.TextIOBase):  # a text file: read a block at a time, not a
+            # line (the Python per line cost 3x the encoding: web_5M's 162k lines, 154 against
+            # 52 ms for one call on its text)
+            iterable = iter(functools.partial(iterable.read, self._block_chars), "")
         pending: list[str] = []
+        add = pending.append
         pending_chars = 0
         carry = ""
+        # wait for as much new text as is carried over, so a long carry is not re-scanned often
+        wait_for = self._block_chars
         for number, chunk in enumerate(iterable):
             if not isinstance(chunk, str):
                 raise TypeError(f"encode_iterable: item {number} is a {type(chunk).__name__}, not a str")
-            pending.append(chunk)
+            add(chunk)
             pending_chars += len(chunk)
-            # wait for as much new text as is carried over, so a long carry is not re-scanned often
-            if pending_chars < max(self._block_chars, len(carry)):
+            if pending_chars < wait_for:
                 continue
             text = carry + "".join(pending)
             pending.clear()
@@ -508,6 +516,7 @@ class Tokenizer:
             if cut:
                 yield self._encode_text(text[:cut]).astype(dtype)
             carry = text[cut:] + held
+            wait_for = max(self._block_chars, len(carry))
         text = carry + "".join(pending)
         if text:
             yield self._encode_text(text).astype(dtype)

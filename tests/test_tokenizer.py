@@ -246,6 +246,41 @@ def test_streaming_a_file_handle(gpt2, gpt2_small_blocks, tmp_path):
         assert list(gpt2_small_blocks.encode_iterable(chunks)) == gpt2.encode(text[:3000])
 
 
+def test_a_text_file_is_read_a_block_at_a_time_not_a_line(gpt2_files, tmp_path):
+    # A text file (io.TextIOBase) is read with read(block_chars), lazily, not iterated line by
+    # line (a Python loop per line cost 3x the encoding); other iterables are taken as they are,
+    # and a binary file is refused as before, naming the item.
+    tokenizer = Tokenizer(*gpt2_files, [EOT], block_chars=1000)
+    text = read("multi_sample.txt") + EOT + read("web_sample.txt")
+    expected = tokenizer.encode(text)
+
+    class Reads(io.StringIO):
+        def __init__(self, value):
+            super().__init__(value)
+            self.sizes = []
+
+        def read(self, size=-1):
+            self.sizes.append(size)
+            return super().read(size)
+
+        def __iter__(self):
+            raise AssertionError("iterated line by line")
+
+    stream = Reads(text)
+    ids = tokenizer.encode_iterable(stream)
+    first = list(itertools.islice(ids, 10))
+    assert stream.sizes and set(stream.sizes) == {1000} and len(stream.sizes) < 5  # lazily
+    assert first + list(ids) == expected
+    assert len(stream.sizes) == -(-len(text) // 1000) + 1  # to the end (the last read is "")
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    with open(path, encoding="utf-8") as f:
+        arrays = list(tokenizer.encode_iterable_to_numpy(f, np.int64))
+    assert len(arrays) > 1 and np.concatenate(arrays).tolist() == expected
+    with open(path, "rb") as f, pytest.raises(TypeError, match="item 0 is a bytes"):
+        list(tokenizer.encode_iterable(f))
+
+
 def test_streaming_reads_lazily(gpt2_files):
     """Ids come out after reading about one block, not the whole input: memory stays bounded."""
     tokenizer = Tokenizer(*gpt2_files, [EOT], block_chars=1000)
