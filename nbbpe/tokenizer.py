@@ -408,19 +408,12 @@ class Tokenizer:
     def _encode_in_place_text(self, text: str, dtype):
         """The ids of a text of `_READ_IN_PLACE_FROM` to `_LONG_TEXT_CHARS` characters and more
         bytes than the short path takes, as `dtype` (a list if None): encoded the long way,
-        its UTF-8 read where the str holds it or transcoded without the GIL (`text_bytes`), not
-        copied by `str.encode`. (A shorter text takes the short path's one call, which wants
-        `bytes`: faster than the long way, 386 against 528 us for 70k characters.)"""
-        from . import text_bytes  # (it imports Numba: not with nbbpe)
-
-        state = self._thread_state()
-        if text.isascii():
-            data = text_bytes.ascii_bytes(text)
-        else:
-            buf = state.utf8_room(4 * len(text))
-            w = text_bytes.transcode(text, 0, len(text), buf, 0)
-            data = buf[:w] if w >= 0 else _utf8(text)  # a lone surrogate: replaced
-        return self._get_engine().documents.encode_text_long(data, state, dtype)
+        its UTF-8 from `_utf8_in_place`, not copied by `str.encode`. (A shorter text takes the
+        short path's one call, which wants `bytes`: faster than the long way, 386 against 528
+        us for 70k characters.)"""
+        made = self._utf8_in_place([(text, 0, len(text))])
+        data = _utf8(text) if made is None else made[0]  # a lone surrogate: replaced
+        return self._get_engine().documents.encode_text_long(data, self._thread_state(), dtype)
 
     def _encode_long(self, text: str, dtype) -> np.ndarray:
         """The ids of `text` as `dtype`, for the regex path, or a text of more than
@@ -599,11 +592,11 @@ class Tokenizer:
         in this thread. What holds the GIL here keeps the other threads waiting: a group of
         ASCII texts becomes bytes in one join and one copy; a group of a few long texts is read
         in place (`_encode_in_place`)."""
-        if (len(pieces) <= _IN_PLACE_PIECES
-                and sum(map(len, pieces)) >= _READ_IN_PLACE_FROM * len(pieces)):
-            encoded = self._encode_in_place([(piece, 0, len(piece)) for piece in pieces], dtype)
-            if encoded is not None:
-                return encoded
+        encoded = self._encode_in_place(pieces, dtype)
+        return encoded if encoded is not None else self._encode_joined(pieces, dtype)
+
+    def _encode_joined(self, pieces: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
+        """`_encode_pieces` of texts made one `bytes` by `str.encode` and joins."""
         if all(map(str.isascii, pieces)):  # isascii: O(1); map: no Python frame per piece
             data = "".join(pieces).encode("ascii")  # as many bytes as characters
         else:
@@ -620,26 +613,34 @@ class Tokenizer:
         out of it here, in the thread that encodes them, while the others encode (slicing
         multi_1M's longest text, held in 4 bytes a character, took 1.3 ms before any thread
         could start)."""
-        if len(pieces) <= _IN_PLACE_PIECES:  # nearly always: a piece or two of a long text
-            spans = [_piece_span(piece) for piece in pieces]
-            if sum(end - start for _, start, end in spans) >= _READ_IN_PLACE_FROM * len(spans):
-                encoded = self._encode_in_place(spans, dtype)
-                if encoded is not None:
-                    return encoded
-        return self._encode_pieces([_piece_text(piece) for piece in pieces], dtype)
+        encoded = self._encode_in_place(pieces, dtype)  # nearly always: a piece of a long text
+        return (encoded if encoded is not None
+                else self._encode_joined([_piece_text(piece) for piece in pieces], dtype))
 
-    def _encode_in_place(self, spans: list, dtype) -> tuple[np.ndarray, np.ndarray] | None:
-        """`_encode_pieces` of text[start:end] for each (text, start, end) of `spans`, without
-        slicing the texts or holding the GIL to make their UTF-8 (`text_bytes`): one ASCII
-        span read where the str holds it, others transcoded into this thread's buffer. None
-        if one holds a lone surrogate (then `_utf8` replaces them)."""
+    def _encode_in_place(self, pieces: list, dtype) -> tuple[np.ndarray, np.ndarray] | None:
+        """`_encode_pieces` of a group of at most `_IN_PLACE_PIECES` pieces (str, or (text,
+        start, end) from `_cut_long_texts`) of `_READ_IN_PLACE_FROM` characters on average, their
+        UTF-8 from `_utf8_in_place`; None for another group, or if one holds a lone surrogate
+        (then `_encode_joined` replaces them, as `_utf8` does)."""
+        if len(pieces) > _IN_PLACE_PIECES:
+            return None
+        spans = [_piece_span(piece) for piece in pieces]
+        if sum(end - start for _, start, end in spans) < _READ_IN_PLACE_FROM * len(spans):
+            return None
+        made = self._utf8_in_place(spans)
+        return None if made is None else self.encode_utf8(*made, dtype=dtype)
+
+    def _utf8_in_place(self, spans: list) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """(UTF-8, where each span ends in it) of text[start:end] for each (text, start, end)
+        of `spans`, without slicing the texts or holding the GIL to make it (`text_bytes`): one
+        ASCII span read where the str holds it (ends None: one text), others transcoded into
+        this thread's buffer. None if one holds a lone surrogate."""
         from . import text_bytes  # (it imports Numba: not with nbbpe)
 
         if len(spans) == 1 and spans[0][0].isascii():
             text, start, end = spans[0]
-            return self.encode_utf8(text_bytes.ascii_bytes(text)[start:end], dtype=dtype)
-        state = self._thread_state()
-        buf = state.utf8_room(4 * sum(end - start for _, start, end in spans))
+            return text_bytes.ascii_bytes(text)[start:end], None
+        buf = self._thread_state().utf8_room(4 * sum(end - start for _, start, end in spans))
         ends = np.empty(len(spans), dtype=np.int64)
         w = 0
         for k, (text, start, end) in enumerate(spans):
@@ -647,7 +648,7 @@ class Tokenizer:
             if w < 0:
                 return None
             ends[k] = w
-        return self.encode_utf8(buf[:w], ends, dtype=dtype)
+        return buf[:w], ends
 
     def _encode_group(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
         """(ids as `dtype`, where each text's ids end) of `texts`, in this thread."""
@@ -1152,8 +1153,9 @@ def _cut_long_texts(texts: list[str], size: int, special_tokens, whitespace_cuts
 
 
 def _piece_span(piece) -> tuple[str, int, int]:
-    """(text, start, end) of a piece from `_cut_long_texts`."""
-    return (piece, 0, len(piece)) if type(piece) is str else piece
+    """(text, start, end) of a piece from `_cut_long_texts` (a text of any str type, or a piece
+    of one as (text, start, end))."""
+    return piece if type(piece) is tuple else (piece, 0, len(piece))
 
 
 def _piece_text(piece) -> str:

@@ -293,12 +293,18 @@ def test_encode_breakdown_splits_a_cold_pass(tmp_path, capsys):
             assert min(r["cpu_alone_s"], r["cpu_two_at_once_s"]) > 0
 
 
-def test_bench_in_process_alternates_fresh_tools_and_checks_their_ids(tmp_path, capsys,
-                                                                    monkeypatch):
+def in_process_corpus(tmp_path):
+    """A small corpus of web text and multilingual text, for bench_in_process.py."""
     corpus = tmp_path / "small.txt"
     corpus.write_text((FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:6000]
                       + f"\n{EOT}\n" + (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:6000],
                       encoding="utf-8")
+    return corpus
+
+
+def test_bench_in_process_alternates_fresh_tools_and_checks_their_ids(tmp_path, capsys,
+                                                                    monkeypatch):
+    corpus = in_process_corpus(tmp_path)
     script = load_script("bench_in_process")
     out = tmp_path / "in_process.json"
     assert script.main([str(corpus), "--tools", "nbbpe,tiktoken", "--rounds", "2",
@@ -328,10 +334,7 @@ def test_bench_in_process_alternates_fresh_tools_and_checks_their_ids(tmp_path, 
 
 def test_bench_in_process_batch_api_times_one_batch_call_and_checks_each_documents_ids(
         tmp_path, monkeypatch):
-    corpus = tmp_path / "small.txt"
-    corpus.write_text((FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:6000]
-                      + f"\n{EOT}\n" + (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:6000],
-                      encoding="utf-8")
+    corpus = in_process_corpus(tmp_path)
     script = load_script("bench_in_process")
     build = script.bench_peers.build
     calls = []
@@ -373,10 +376,7 @@ def test_bench_in_process_batch_api_times_one_batch_call_and_checks_each_documen
 
 
 def test_bench_in_process_whole_api_times_one_call_on_a_fresh_joined_str(tmp_path, monkeypatch):
-    corpus = tmp_path / "small.txt"
-    web = (FIXTURES / "web_sample.txt").read_text(encoding="utf-8")[:6000]
-    multi = (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:6000]
-    corpus.write_text(web + f"\n{EOT}\n" + multi, encoding="utf-8")
+    corpus = in_process_corpus(tmp_path)
     script = load_script("bench_in_process")
     build = script.bench_peers.build
     texts = []

@@ -151,8 +151,8 @@ def test_long_texts_in_a_batch_are_read_in_place(gpt2_files, monkeypatch, thread
     monkeypatch.setattr(nbbpe.tokenizer, "_GROUP_CHARS", 4000)
     tok = Tokenizer(*gpt2_files, [EOT])
     spans = []
-    real = tok._encode_in_place
-    monkeypatch.setattr(tok, "_encode_in_place", lambda s, dtype: spans.append(s) or real(s, dtype))
+    real = tok._utf8_in_place
+    monkeypatch.setattr(tok, "_utf8_in_place", lambda s: spans.append(s) or real(s))
     texts = long_texts()
     batch = list(texts.values()) + ["short", "", "caf\xe9"] * 50 + [texts["ascii"][:700]]
     want = [tok.encode_utf8(_utf8(text))[0].tolist() for text in batch]
