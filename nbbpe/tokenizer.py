@@ -1160,10 +1160,8 @@ def _piece_span(piece) -> tuple[str, int, int]:
 
 def _piece_text(piece) -> str:
     """The str of a piece from `_cut_long_texts`."""
-    if type(piece) is str:
-        return piece
-    text, start, end = piece
-    return text[start:end]
+    text, start, end = _piece_span(piece)
+    return text if start == 0 and end == len(text) else text[start:end]
 
 
 def _split_evenly(texts: list[str], parts: int, lengths=None) -> list[list[str]]:

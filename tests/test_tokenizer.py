@@ -981,6 +981,26 @@ def test_a_batch_of_ascii_other_text_lone_surrogates_and_str_subclasses(gpt2, th
     assert gpt2.decode(want[2]) == "lone \ufffd high"
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_str_subclasses_beside_a_long_text_that_is_cut(gpt2_files, monkeypatch, threads):
+    # A batch with a text long enough to be cut: the texts not cut, str subclasses among them
+    # (NumPy's str_, of 3 characters too: it would unpack as (text, start, end)), are pieces
+    # of their own, whatever their type.
+    import nbbpe.tokenizer
+
+    monkeypatch.setattr(nbbpe.tokenizer, "_GROUP_CHARS", 3000)
+    tok = Tokenizer(*gpt2_files, [EOT])
+
+    class Text(str):
+        pass
+
+    batch = [np.str_("abc"), read("web_sample.txt"), Text("a subclass, long enough " * 10),
+             np.str_("caf\u00e9 " * 800)]
+    want = [tok.encode(str(text)) for text in batch]
+    assert len(batch[1]) > 2 * 3000
+    assert tok.encode_batch(batch, num_threads=threads) == want
+
+
 def test_encode_batch_rejects_a_single_string(gpt2):
     with pytest.raises(TypeError, match="not a single str"):
         gpt2.encode_batch("text")
