@@ -72,9 +72,10 @@ from .encode_tables import (
     table_at,
     with_room,
 )
-from .kernel_args import (PackedArrays, array_at, call_at, copy_bytes, data_address,
-                          readonly_array_at)
-from .kernel_cache import argument_types, cached, entry_point, native_address
+from .kernel_args import (NDARRAY_DATA_OFFSET, OB_TYPE_OFFSET, PackedArrays, array_at, array_from,
+                          c_function_address, call_at, call_c, copy_bytes, fastcall_builtin,
+                          load_word, object_layout_known, readonly_array_at)
+from .kernel_cache import cached, cached_cfunc, cfunc_cached, entry_point, native_address
 from .scanners.classes import load8, load_upto8, uindex
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
@@ -655,11 +656,13 @@ def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
 
 
 def pack_encode_args(buf, table, doc_ends, doc_out_ends, scratch, out, specials: Specials,
-                     ranks: Ranks, cache: Table, text_buffer=None) -> PackedArrays:
+                     ranks: Ranks, cache: Table, text_buffer=None,
+                     short_path: tuple = ()) -> PackedArrays:
     """The arrays and tables an encode kernel reads, packed as `encode_args` unpacks them: `buf`
     (UTF-8) uint8, the family's class table (of the kernel's `table_dtype`), `doc_ends`,
-    `doc_out_ends` and `scratch` int64, `out` int32. For the short path (`encode_text_at`),
-    `text_buffer` (uint8, `COPY_UP_TO` + `TEXT_PAD` bytes) after them, at `TEXT_BUFFER_AT`."""
+    `doc_out_ends` and `scratch` int64, `out` int32. For the short path (`_short_path`),
+    `text_buffer` (uint8, `COPY_UP_TO` + `TEXT_PAD` bytes) after them, at `TEXT_BUFFER_AT`,
+    then the ints `short_path` (`short_path_values`)."""
     dtypes = (buf.dtype, doc_ends.dtype, doc_out_ends.dtype, scratch.dtype, out.dtype)
     if dtypes != _ENCODE_ARG_TYPES:
         raise TypeError(f"encode kernel arguments of dtypes {dtypes}, not {_ENCODE_ARG_TYPES}")
@@ -669,7 +672,7 @@ def pack_encode_args(buf, table, doc_ends, doc_out_ends, scratch, out, specials:
     if text_buffer.dtype != np.uint8 or len(text_buffer) < COPY_UP_TO + TEXT_PAD:
         raise ValueError(f"a text buffer of uint8 and at least {COPY_UP_TO + TEXT_PAD} bytes, "
                          f"not {text_buffer.dtype} and {len(text_buffer)}")
-    return PackedArrays(*items, text_buffer)
+    return PackedArrays(*items, text_buffer, *short_path)
 
 
 _ENCODE_ARG_TYPES = tuple(np.dtype(t) for t in (np.uint8, np.int64, np.int64, np.int64, np.int32))
@@ -854,33 +857,37 @@ KERNEL_SIGNATURE = types.UniTuple(types.int64, 4)(types.Array(types.int64, 1, "C
 _call_kernel_at = call_at(KERNEL_SIGNATURE)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def encode_text_at(data, values, kernel, narrow):
-    """The short path's one call (`DocumentEncoder.encode_text`): the encode kernel whose
-    machine code is at address `kernel`, on one text, `data` (bytes), with the other arguments
-    packed in `values` (`pack_encode_args` with the thread's text buffer). Returns the ids
-    written to the packed output, or -1 if the kernel stopped before the end (or raised): then
-    encode the text the long way. If `narrow`, the ids are also rewritten in place as uint16
-    (id k over bytes 2k and 2k + 1, which hold ids already read): a copy of them is then the
-    result, cheaper than NumPy's astype (0.25 against 0.39 us for a short text). One call from
-    Python, whose bytes argument unboxes faster than an array, in place of setting the text's
-    end and unboxing the kernel's five arguments and result.
+@njit(inline="always")  # into `_short_path`
+def _encode_text_at(data, n, values, narrow):
+    """Run the encode kernel on one text, the `n` bytes of UTF-8 at address `data`, with the
+    other arguments packed in `values` (`pack_encode_args` with the thread's text buffer and
+    `short_path_values`). Returns the ids written to the packed output, or -1 if the kernel
+    stopped before the end (or raised): then encode the text the long way. If `narrow`, the ids
+    are also rewritten in place as uint16 (id k over bytes 2k and 2k + 1, which hold ids already
+    read): a copy of them is then the result, cheaper than NumPy's astype (0.25 against 0.39 us
+    for a short text). The GIL is let go while the kernel runs on a text of
+    `RELEASE_GIL_FROM` bytes or more (its value packed at `RELEASE_GIL_FROM_AT`).
 
     A text of up to `COPY_UP_TO` bytes is copied into the text buffer, which the kernel is told
     goes on `TEXT_PAD` bytes past the text's end: so it cuts the text's last 64 bytes a block at
     a time and keys its last pre-tokens with two loads, as in a batch (the copy costs less than
     those bytes scanned one pre-token at a time: TinyStories' documents of 843 bytes 1.04-1.05x,
     texts of 3-9 bytes 1.03-1.07x). A longer text is read where it is."""
-    n = len(data)
     if n <= COPY_UP_TO:
-        copy_bytes(values[TEXT_BUFFER_AT], data_address(data), n)
+        copy_bytes(values[TEXT_BUFFER_AT], data, n)
         values[TEXT_AT] = values[TEXT_BUFFER_AT]
         values[TEXT_AT + 1] = n + TEXT_PAD  # the buffer the kernel sees: the text, then the pad
     else:
-        values[TEXT_AT] = data_address(data)
+        values[TEXT_AT] = data
         values[TEXT_AT + 1] = n
     array_at(values, DOC_ENDS_AT, np.int64)[0] = n  # where its only document ends
-    ok, (w, doc, _, _) = _call_kernel_at(kernel, (values, -1, 0, 0, 0))
+    release = n >= values[RELEASE_GIL_FROM_AT]
+    thread = 0
+    if release:
+        thread = call_c(values[SAVE_THREAD_AT], ())
+    ok, (w, doc, _, _) = _call_kernel_at(values[KERNEL_AT], (values, -1, 0, 0, 0))
+    if release:
+        call_c(values[RESTORE_THREAD_AT], (thread,))
     if not ok or doc != 1:
         return -1
     if narrow:
@@ -889,6 +896,77 @@ def encode_text_at(data, values, kernel, narrow):
         for k in range(w):
             narrowed[uindex(k)] = np.uint16(ids[uindex(k)])
     return w
+
+
+def _short_path(self_object, args, nargs):
+    """The short path's one call (`DocumentEncoder.encode_text`), compiled as a C function
+    (`short_path_address`) and called as a builtin bound to the thread's packed values
+    (`kernel_args.fastcall_builtin`): call(text, narrow), `text` an ASCII `str` (read where
+    it lies) or `bytes` of valid UTF-8, `narrow` True or False (see `_encode_text_at`).
+    Returns the number of ids written, or -1: encode the text the long way (the kernel stopped,
+    or `text` was of another type). Against the call of a Numba function, which unboxed a
+    `bytes` and the values array and let go of the GIL each time, and a `str.encode` before
+    it: see the README's "What moved encoding". Bound to the values array (`self_object`),
+    it reads their address from it."""
+    base = load_word(self_object + NDARRAY_DATA_OFFSET)
+    values = array_from(base, SHORT_PATH_ITEMS, np.int64)
+    w = -1
+    if nargs == 2:
+        text = load_word(args)
+        kind = load_word(text + OB_TYPE_OFFSET)
+        data = 0
+        n = 0
+        if kind == values[STR_TYPE_AT]:  # ASCII: its own characters, no copy, nothing kept
+            data = call_c(values[AS_UTF8_AT], (text, base + 8 * SIZE_OUT_AT))
+            n = values[SIZE_OUT_AT]
+        elif kind == values[BYTES_TYPE_AT]:
+            data = call_c(values[BYTES_DATA_AT], (text,))
+            n = call_c(values[BYTES_SIZE_AT], (text,))
+        if data == 0:  # another type, or a str CPython could not give as UTF-8
+            call_c(values[ERR_CLEAR_AT], ())
+        else:
+            w = _encode_text_at(data, n, values, load_word(args + 8) == values[TRUE_AT])
+    return call_c(values[NEW_INT_AT], (w,))
+
+
+# What `_short_path` reads after the short path's text buffer in the packed values: the
+# kernel's address, CPython's C API functions it calls (their addresses in this process: the
+# compiled code is cached, and holds none) and the types it tells apart (`short_path_values`),
+# and a slot for a size the C API returns.
+SHORT_PATH_FUNCTIONS = ("PyUnicode_AsUTF8AndSize", "PyBytes_AsString", "PyBytes_Size",
+                        "PyErr_Clear", "PyLong_FromSsize_t", "PyEval_SaveThread",
+                        "PyEval_RestoreThread")
+(KERNEL_AT, AS_UTF8_AT, BYTES_DATA_AT, BYTES_SIZE_AT, ERR_CLEAR_AT, NEW_INT_AT, SAVE_THREAD_AT,
+ RESTORE_THREAD_AT, STR_TYPE_AT, BYTES_TYPE_AT, TRUE_AT, RELEASE_GIL_FROM_AT, SIZE_OUT_AT,
+ SHORT_PATH_ITEMS) = range(TEXT_BUFFER_AT + 2, TEXT_BUFFER_AT + 16)
+_SHORT_PATH_SIGNATURE = types.int64(types.int64, types.int64, types.int64)  # METH_FASTCALL's
+# A text of this many bytes or more lets go of the GIL while the kernel runs (other threads
+# run meanwhile); a shorter one keeps it: letting go and taking it again costs ~50-80 ns, and
+# the kernel takes less than a microsecond on less than this.
+RELEASE_GIL_FROM = 256
+
+
+def short_path_values(kernel: int) -> tuple:
+    """The ints `_short_path` reads after the text buffer, for the kernel at `kernel`."""
+    return ((kernel,) + tuple(c_function_address(name) for name in SHORT_PATH_FUNCTIONS)
+            + (id(str), id(bytes), id(True), RELEASE_GIL_FROM, 0))
+
+
+_short_path_function = None
+
+
+def short_path_address() -> int:
+    """Where `_short_path`'s machine code is, as a C function: compiled on first use (or loaded
+    from the cache: `short_path_cached`)."""
+    global _short_path_function
+    if _short_path_function is None:
+        _short_path_function = cached_cfunc(_short_path, _SHORT_PATH_SIGNATURE)
+    return _short_path_function.address
+
+
+def short_path_cached() -> bool:
+    """Whether Numba's cache holds `_short_path` for the current source."""
+    return cfunc_cached(_short_path)
 
 
 # The short path copies texts of up to this many bytes (at ~20 GB/s, a copy of 2 KB costs about
@@ -1128,19 +1206,18 @@ class ThreadState:
         self.out = np.empty(0, dtype=np.int32)  # the kernels' output, reused: no page faults
         self.doc_end = np.empty(1, dtype=np.int64)  # for one text at a time
         self.doc_out_end = np.empty(1, dtype=np.int64)
-        # The short path: `encode_text_at`'s entry point, the kernel's address, its packed
-        # arguments (the text left out) and the ids they have room for.
+        # The short path: its call, `text_call(text, narrow)` (`_short_path`, bound to its
+        # packed arguments, the text left out: `text_args`), and the bytes of text it has room
+        # for (fewer than `text_room`).
         self.text_call = None
-        self.text_kernel = 0
         self.text_args: PackedArrays | None = None
-        self.text_values = None  # text_args.values
         self.text_room = 0
         # Its ids out[:w] (int32, and the same buffer read as uint32 and as uint16, which the
         # call narrows them to) by w, as views made once (`IdViews`).
         self.text_ids: IdViews | None = None
         self.text_ids_uint32: IdViews | None = None
         self.text_ids_uint16: IdViews | None = None
-        self.text_buffer = np.zeros(COPY_UP_TO + TEXT_PAD, dtype=np.uint8)  # see encode_text_at
+        self.text_buffer = np.zeros(COPY_UP_TO + TEXT_PAD, dtype=np.uint8)  # see _short_path
         # The other calls' packed arguments (`DocumentEncoder._packed`), and the output buffer
         # and cache table they hold.
         self.run_args: PackedArrays | None = None
@@ -1236,29 +1313,31 @@ class DocumentEncoder:
         self.kernel = kernel
         self.tables = (class_table, specials, ranks, vocab)
         self._entry = None
-        # The short path's (`encode_text_at`'s entry point, the kernel's address); False if
-        # there is none; None before a first text, `_AFTER_FIRST_TEXT` after it.
+        # The short path's (`_short_path`'s address, the kernel's address); False if there is
+        # none; None before a first text, `_AFTER_FIRST_TEXT` after it.
         self._text_entry = None
 
-    def encode_text(self, data: bytes, state: ThreadState, dtype) -> np.ndarray:
-        """The ids (as `dtype`, or a list if it is None) of one document, UTF-8 `data` (valid,
-        `bytes`): the short path, for texts encoded one at a time. One compiled call
-        (`encode_text_at`) with the arguments kept packed in `state`, so that the Python around
-        it costs well under 1 µs besides the copy of the ids: it is most of what a short text
-        costs. `Tokenizer.encode` and `encode_to_numpy` make this call themselves for a list and
-        their default dtypes (uint16 narrowed by the call, uint32 read from `text_ids_uint32`),
-        a frame less; other dtypes come here."""
+    def encode_text(self, data, state: ThreadState, dtype) -> np.ndarray:
+        """The ids (as `dtype`, or a list if it is None) of one document, `data`: valid UTF-8
+        `bytes`, or an ASCII `str`. The short path, for texts encoded one at a time: one
+        compiled call (`state.text_call`, see `_short_path`) with the arguments kept packed in
+        `state`, so that the Python around it costs well under 1 µs besides the copy of the ids:
+        it is most of what a short text costs. `Tokenizer.encode` and `encode_to_numpy` make
+        this call themselves for a list and their default dtypes (uint16 narrowed by the call,
+        uint32 read from `text_ids_uint32`), a frame less; other dtypes come here."""
         call = state.text_call
         if call is not None and len(data) < state.text_room:
-            w = call(data, state.text_values, state.text_kernel, False)
+            w = call(data, False)
             if w >= 0:
                 ids = state.text_ids[w]
                 return ids.tolist() if dtype is None else ids.astype(dtype)
         return self.encode_text_long(data, state, dtype)
 
-    def encode_text_long(self, data: bytes, state: ThreadState, dtype):
+    def encode_text_long(self, data, state: ThreadState, dtype):
         """`encode_text` the long way: a first call, a text longer than the output buffer, a
         pre-token too long for the pass, a cache that grew, or a text the kernel stopped in."""
+        if type(data) is str:  # ASCII
+            data = data.encode("ascii")
         state.doc_end[0] = len(data)
         # The output buffer as it is (at least `_TEXT_ROOM` ids): a longer text takes more
         # calls, its ids gathered in the result, rather than a buffer as long as the longest text
@@ -1274,8 +1353,8 @@ class DocumentEncoder:
         may be new), for texts shorter than the output buffer (at least `_TEXT_ROOM` bytes)."""
         if self._text_entry is None:  # a first text
             self._text_entry = _AFTER_FIRST_TEXT
-            if not cached(encode_text_at):  # compiling takes 0.2-0.4 s: not for one text (the
-                return                      # CLI's, a warm-up), so it waits for a second
+            if not short_path_cached():  # compiling takes 0.2-0.4 s: not for one text (the
+                return                   # CLI's, a warm-up), so it waits for a second
             # Cached, it loads now: at the second text, loading took 3-8 ms of the first
             # document's encode after a warm-up (a fresh process's pass over web_5M: ~47 ms).
         if self._text_entry is _AFTER_FIRST_TEXT:
@@ -1288,31 +1367,32 @@ class DocumentEncoder:
         if (state.text_call is not None and state.text_holds[0] is out
                 and state.text_holds[1] is cache):
             return  # ready as it is (packing took 65-85 us, 13% of a text of 100k characters)
+        address, kernel = self._text_entry
+        state.text_call = None  # its values hold the arrays packed before, let go of here
         state.text_args = pack_encode_args(_NO_TEXT, table, state.doc_end, state.doc_out_end,
                                            state.scratch, out, specials, ranks, cache,
-                                           state.text_buffer)
+                                           state.text_buffer, short_path_values(kernel))
         state.text_holds = (out, cache)
-        state.text_values = state.text_args.values
         state.text_room = len(out) - SPARE_IDS  # the ids of a shorter text fit
         state.text_ids = IdViews(out)
         state.text_ids_uint32 = IdViews(out.view(np.uint32))  # the same buffer, as uint32 ids
         state.text_ids_uint16 = IdViews(out.view(np.uint16))  # ... and as uint16 ids (`narrow`)
-        state.text_call, state.text_kernel = self._text_entry
+        # bound to the values (which it holds), from which it reads the arrays' addresses
+        state.text_call = fastcall_builtin(address, state.text_args.values, "encode_text")
 
     def _text_call(self):
-        """(`encode_text_at`'s entry point, the kernel's address), compiled or loaded; False if
-        this Numba does not say where the kernel is, or cannot compile the call (then every text
-        goes the long way: the tests check that it does not, with the Numba they run on)."""
+        """(`_short_path`'s address, the kernel's address), compiled or loaded; False if this
+        Numba does not say where the kernel is, or cannot compile the call, or objects are not
+        laid out as it reads them (then every text goes the long way: the tests check that it
+        does not, with the Numba and the Python they run on)."""
         values = np.zeros(ENCODE_ARG_ITEMS, dtype=np.int64)
         kernel = native_address(self.kernel, (values, -1, 0, 0, 0), KERNEL_SIGNATURE)
-        if kernel is None:
+        if kernel is None or not object_layout_known():
             return False
-        args = (b"", values, kernel, 0)
         try:  # `call_at` builds on Numba's internals, which another Numba may have changed
-            encode_text_at.compile(argument_types(args))  # not run: no arrays
+            return short_path_address(), kernel
         except Exception:
             return False
-        return entry_point(encode_text_at, args), kernel
 
     def encode(self, buf, doc_ends, separator: int, state: ThreadState, doc_out_ends,
                dtype) -> np.ndarray:

@@ -19,6 +19,8 @@ compile all of it again with the caller (seconds, for an encode kernel).
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -121,6 +123,12 @@ def readonly_array_at(values, k, dtype):
 
 
 @njit(inline="always")
+def array_from(address, length, dtype):
+    """The `length` items of `dtype` at `address`, as a 1-d C array (no copy)."""
+    return _array_at(address, length, dtype)
+
+
+@njit(inline="always")
 def readonly_array_from(address, length, dtype):
     """The `length` items of `dtype` at `address`, as a read-only 1-d C array (no copy)."""
     return _readonly_array_at(address, length, dtype)
@@ -179,3 +187,90 @@ def call_at(signature):
         return result_type(types.int64, args), codegen
 
     return intrinsic(call)
+
+
+# --- a compiled function Python calls as a builtin ----------------------------------------------
+#
+# Numba's entry point for a compiled function is a builtin that takes a tuple of arguments and
+# unboxes each (a `bytes` through the buffer protocol and a MemInfo, an array through another
+# MemInfo), and a text had to become `bytes` first: for a short text that is most of what a call
+# costs. A Numba `cfunc` of the C signature of a METH_FASTCALL method, `PyObject *f(PyObject
+# *self, PyObject *const *args, Py_ssize_t nargs)` (every pointer an int64 here), wrapped in a
+# builtin function object by `fastcall_builtin`, receives the objects as they are: it reads
+# what it needs through CPython's C API, whose functions it calls by address (`call_c`;
+# addresses of this process, handed over in its packed values, never compiled into cached
+# code). Only two facts of object layout are used, and `object_layout_known` checks both.
+
+OB_TYPE_OFFSET = 8  # PyObject: its reference count, then its type
+NDARRAY_DATA_OFFSET = 16  # PyArrayObject: PyObject's head, then the data pointer
+
+
+@intrinsic
+def load_word(typingctx, address):
+    """The int64 at `address`."""
+    if not isinstance(address, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        at = context.cast(builder, args[0], signature.args[0], types.int64)
+        return builder.load(builder.inttoptr(at, i64.as_pointer()))
+
+    return types.int64(address), codegen
+
+
+@intrinsic
+def call_c(typingctx, address, args):
+    """Call the C function at `address` with the integers of the tuple `args`, each passed as
+    an int64 (a pointer, a Py_ssize_t); return what it returns as an int64 (so: only for
+    functions returning a pointer, a Py_ssize_t or nothing)."""
+    if not (isinstance(address, types.Integer) and isinstance(args, types.BaseTuple)
+            and all(isinstance(t, types.Integer) for t in args)):
+        return None
+
+    def codegen(context, builder, signature, llargs):
+        i64 = ir.IntType(64)
+        given = [context.cast(builder, builder.extract_value(llargs[1], k), t, types.int64)
+                 for k, t in enumerate(signature.args[1])]
+        function_type = ir.FunctionType(i64, [i64] * len(given))
+        at = context.cast(builder, llargs[0], signature.args[0], types.int64)
+        return builder.call(builder.inttoptr(at, function_type.as_pointer()), given)
+
+    return types.int64(address, args), codegen
+
+
+def c_function_address(name: str) -> int:
+    """Where CPython's C API function `name` is in this process."""
+    return ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value
+
+
+def object_layout_known() -> bool:
+    """Whether objects here are laid out as `OB_TYPE_OFFSET` and `NDARRAY_DATA_OFFSET` say (a
+    CPython of the usual build: not a debug build that traces references)."""
+    array = np.zeros(1, dtype=np.int64)
+    return (ctypes.c_void_p.from_address(id("x") + OB_TYPE_OFFSET).value == id(str)
+            and ctypes.c_void_p.from_address(id(array) + NDARRAY_DATA_OFFSET).value
+            == address(array))
+
+
+class _PyMethodDef(ctypes.Structure):
+    _fields_ = [("ml_name", ctypes.c_char_p), ("ml_meth", ctypes.c_void_p),
+                ("ml_flags", ctypes.c_int), ("ml_doc", ctypes.c_char_p)]
+
+
+_METH_FASTCALL = 0x0080
+_method_defs: dict = {}  # address -> its PyMethodDef, alive as long as the process
+_new_function = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.py_object,
+                                  ctypes.c_void_p)(("PyCFunction_NewEx", ctypes.pythonapi))
+
+
+def fastcall_builtin(function_address: int, self_object, name: str = "call"):
+    """A builtin function object calling the C function at `function_address` as a
+    METH_FASTCALL method bound to `self_object` (which it holds): f(*args) calls it with
+    `self_object`, the arguments as an array of object pointers, and their number. The
+    function must return a new reference, or NULL with an exception set."""
+    method = _method_defs.get(function_address)
+    if method is None:  # CPython keeps a pointer to it in every function object made from it
+        method = _method_defs[function_address] = _PyMethodDef(
+            name.encode(), function_address, _METH_FASTCALL, None)
+    return _new_function(ctypes.byref(method), self_object, None)

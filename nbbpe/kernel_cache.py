@@ -353,6 +353,29 @@ def cached(dispatcher) -> bool:
         return True
 
 
+def cached_cfunc(py_func, signature):
+    """`numba.cfunc(signature, cache=True)(py_func)`: compiled now, or loaded from the cache, as
+    this package's other kernels are (other packages' Numba extensions left unloaded, Python's
+    full collections rare; no lock file: a cfunc is small, and compiled in one place)."""
+    from numba import cfunc
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock, _extensions_wait(), _rare_full_collections():
+        return cfunc(signature, cache=True)(py_func)
+
+
+def cfunc_cached(py_func) -> bool:
+    """Whether Numba's cache holds `py_func` compiled as a `numba.cfunc` with `cache=True`, for
+    the current source (`cached` for what the cfunc would be, before it is made: making it
+    compiles it). Unsure counts as cached."""
+    try:
+        from numba.core.caching import FunctionCache
+
+        return bool(FunctionCache(py_func)._cache_file._load_index())
+    except Exception:
+        return True
+
+
 def announce_compiling() -> None:
     """Say once per process, on stderr, that kernels are being compiled (it takes seconds)."""
     if not _announced.is_set() and not os.environ.get("NBBPE_QUIET"):

@@ -356,17 +356,21 @@ class Tokenizer:
                 return self._encode_in_place_text(text, None)
         # `DocumentEncoder.encode_text`'s short path written out, as in encode_to_numpy (a frame
         # costs 50-70 ns of a 0.8 us call on a short text); a list straight from the kernel's ids.
-        try:
-            data = text.encode()
-        except UnicodeEncodeError:
-            data = _utf8(text)
+        # An ASCII str is read where it lies (isascii: O(1)); any other becomes UTF-8 first.
+        if text.isascii():
+            data = text
+        else:
+            try:
+                data = text.encode()
+            except UnicodeEncodeError:
+                data = _utf8(text)
         try:
             state = self._threads.state
         except AttributeError:  # this thread's first encode
             state = self._thread_state()
         call = state.text_call
         if call is not None and len(data) < state.text_room:
-            w = call(data, state.text_values, state.text_kernel, False)
+            w = call(data, False)
             if w >= 0:
                 return state.text_ids[w].tolist()
             return self._engine.documents.encode_text_long(data, state, None)
@@ -387,10 +391,13 @@ class Tokenizer:
         # 65,536 tokens), which the compiled call narrows in place (astype took ~0.15 us more),
         # and uint32 (the kernel's int32 ids, below 2**31: the same bits, copied: 0.35 µs, where
         # astype took 0.48-0.56 µs). Other dtypes take `DocumentEncoder.encode_text`.
-        try:
-            data = text.encode()
-        except UnicodeEncodeError:
-            data = _utf8(text)
+        if text.isascii():  # read where it lies
+            data = text
+        else:
+            try:
+                data = text.encode()
+            except UnicodeEncodeError:
+                data = _utf8(text)
         try:
             state = self._threads.state
         except AttributeError:  # this thread's first encode
@@ -399,7 +406,7 @@ class Tokenizer:
         if call is not None and len(data) < state.text_room and (dtype is _UINT16
                                                                  or dtype is _UINT32):
             narrow = dtype is _UINT16
-            w = call(data, state.text_values, state.text_kernel, narrow)
+            w = call(data, narrow)
             if w >= 0:
                 return (state.text_ids_uint16 if narrow else state.text_ids_uint32)[w].copy()
             return self._engine.documents.encode_text_long(data, state, dtype)

@@ -4,6 +4,7 @@ streaming against whole-text encoding, special tokens, decoding, and bad input."
 import gc
 import io
 import itertools
+import sys
 import threading
 import weakref
 from pathlib import Path
@@ -474,10 +475,10 @@ def test_the_short_path_is_packed_again_only_when_its_cache_or_buffer_changed(gp
     expected = tokenizer.encode(long_text)
     for _ in range(3):
         assert tokenizer.encode(long_text) == expected and tokenizer.encode("short") == [19509]
-    assert 10 not in packs  # the short path's own packing (with its text buffer) was not redone
+    assert 11 not in packs  # the short path's own packing (with its text buffer) was not redone
     state.cache.table = state.cache._fresh()  # as another thread's `make_room` would leave it
     assert tokenizer.encode(long_text) == expected and tokenizer.encode("short") == [19509]
-    assert packs.count(10) == 1
+    assert packs.count(11) == 1
     assert state.text_args.values[CACHE_AT] == address(state.cache.table.slots)
 
 
@@ -1066,11 +1067,11 @@ def test_a_vocab_with_gaps_in_its_ids(gpt2_files):
 
 def test_the_short_path_calls_the_kernel_at_its_address_and_falls_back_the_long_way(
         gpt2_files, tiktoken_gpt2, monkeypatch):
-    # From a second text on, each goes through one compiled call (`encode_text_at`) that runs
+    # From a second text on, each goes through one compiled call (`_short_path`) that runs
     # the kernel where it reads the text; a text the kernel stops in (a pre-token too long for
     # the pass, more ids than the buffer holds) goes the long way. Without the kernel's address,
-    # or a call that compiles (another Numba), every text goes the long way. The ids are
-    # tiktoken's either way.
+    # a call that compiles (another Numba) or objects laid out as it reads them, every text goes
+    # the long way. The ids are tiktoken's either way.
     texts = ["Hello you", "", "x" * 5000 + " end", "Héllo wörld 😀 " * 3, read("corpus.en") * 4,
              "Hello again", " " * 300 + "tail", read("web_sample.txt").replace(EOT, "")[:3000],
              "Hello  "]
@@ -1082,13 +1083,14 @@ def test_the_short_path_calls_the_kernel_at_its_address_and_falls_back_the_long_
         assert tokenizer.encode(text) == expected
         assert tokenizer.encode_to_numpy(text).tolist() == expected
         state = tokenizer._thread_state()
-        assert state.text_call is not None and state.text_kernel != 0
-    class Uncompilable:
-        def compile(self, signature):
-            raise TypeError("this Numba's calling convention has changed")
+        assert state.text_call is not None and state.text_args.values[encode.KERNEL_AT] != 0
 
-    for name, value in (("encode_text_at", Uncompilable()),
-                        ("native_address", lambda *args: None)):
+    def uncompilable():
+        raise TypeError("this Numba's calling convention has changed")
+
+    for name, value in (("short_path_address", uncompilable),
+                        ("native_address", lambda *args: None),
+                        ("object_layout_known", lambda: False)):
         monkeypatch.setattr(encode, name, value)
         without = Tokenizer(*gpt2_files, [EOT])
         for text in texts:
@@ -1098,12 +1100,11 @@ def test_the_short_path_calls_the_kernel_at_its_address_and_falls_back_the_long_
 
 def test_the_short_path_is_loaded_by_a_first_text_if_cached_else_by_the_second(
         gpt2_files, tiktoken_gpt2, monkeypatch):
-    # In Numba's cache, `encode_text_at` is loaded by the first text (loaded by the second, it
+    # In Numba's cache, `_short_path` is loaded by the first text (loaded by the second, it
     # took 3-8 ms of the first document after a warm-up); not cached, the first text does not
     # compile it (0.2-0.4 s, for a CLI's one text), the second does.
     for cached, ready_from in ((True, 1), (False, 2)):
-        monkeypatch.setattr(encode, "cached",
-                            lambda kernel: cached if kernel is encode.encode_text_at else True)
+        monkeypatch.setattr(encode, "short_path_cached", lambda: cached)
         tokenizer = Tokenizer(*gpt2_files, [EOT])
         ready = []
         for k, text in enumerate(("one text", "a second", "a third"), 1):
@@ -1114,7 +1115,7 @@ def test_the_short_path_is_loaded_by_a_first_text_if_cached_else_by_the_second(
 
 def test_uint16_ids_are_narrowed_by_the_short_paths_compiled_call(gpt2_files, tiktoken_gpt2,
                                                                    monkeypatch):
-    # encode_to_numpy's default uint16 ids are rewritten as uint16 in place by `encode_text_at`
+    # encode_to_numpy's default uint16 ids are rewritten as uint16 in place by `_short_path`
     # (no astype): from the third text on, each is one compiled call, never the long way, and its
     # ids (high ones too: 43,453 and the special 50,256) are tiktoken's, in any dtype asked for.
     tokenizer = Tokenizer(*gpt2_files, [EOT])
@@ -1134,6 +1135,65 @@ def test_uint16_ids_are_narrowed_by_the_short_paths_compiled_call(gpt2_files, ti
             assert tokenizer.encode_to_numpy(text, dtype).tolist() == expected
     assert max(tokenizer.encode_to_numpy(texts[1] + texts[2])) >= 43453
     assert not long_way
+
+
+def test_the_short_paths_builtin_reads_ascii_str_and_bytes_and_refuses_the_rest(
+        gpt2_files, tiktoken_gpt2):
+    # `_short_path` is a C function called as a builtin (`kernel_args.fastcall_builtin`): it
+    # reads an ASCII str where it lies and a bytes object's UTF-8, with the GIL held or let go
+    # (from `RELEASE_GIL_FROM` bytes on; both ways here); any other object, or a str CPython
+    # cannot give as UTF-8, gives -1 (the caller goes the long way) and leaves no exception set.
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    for text in ("a first text", "a second: it readies the short path"):
+        tokenizer.encode(text)
+    state = tokenizer._thread_state()
+    call, values = state.text_call, state.text_args.values
+    web = read("web_sample.txt").replace(EOT, "")
+    texts = ["Hi", "x" * (encode.RELEASE_GIL_FROM - 1), "y" * encode.RELEASE_GIL_FROM,
+             web.encode("ascii", "ignore").decode()[:3000], "Héllo wörld 😀 " * 30]
+    for release_from in (encode.RELEASE_GIL_FROM, 0, 1 << 40):
+        values[encode.RELEASE_GIL_FROM_AT] = release_from
+        for text in texts:
+            expected = tiktoken_gpt2.encode_ordinary(text)
+            for given in ((text, text.encode()) if text.isascii() else (text.encode(),)):
+                for narrow in (False, True):
+                    w = call(given, narrow)
+                    assert w == len(expected)
+                    ids = state.text_ids_uint16[w] if narrow else state.text_ids[w]
+                    assert ids.tolist() == expected
+            assert tokenizer.encode(text) == expected
+    for wrong in ((bytearray(b"ab"), False), (np.str_("ab"), False), (3, True), ("ab",),
+                  ("ab", False, 1), ("\ud800", False)):
+        assert call(*wrong) == -1
+    assert sys.exc_info() == (None, None, None)
+    assert tokenizer.encode("a\ud800b") == tiktoken_gpt2.encode_ordinary("a\ufffdb")
+
+
+def test_the_short_path_lets_go_of_the_gil_around_the_kernel_from_its_threshold(
+        gpt2_files, tiktoken_gpt2):
+    # The C functions `_short_path` calls to let go of the GIL and take it again are found in
+    # its packed values: here, functions that count their calls instead (the GIL then stays
+    # held, as these need it). A text of `RELEASE_GIL_FROM` bytes or more calls the first
+    # before the kernel and the second after it, with what the first returned; a shorter one
+    # calls neither. (The previous test runs the real ones.)
+    import ctypes
+
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    for text in ("a first text", "a second: it readies the short path"):
+        tokenizer.encode(text)
+    values = tokenizer._thread_state().text_args.values
+    calls = []
+    let_go = ctypes.CFUNCTYPE(ctypes.c_int64)(lambda: calls.append("let go") or 12345)
+    take = ctypes.CFUNCTYPE(None, ctypes.c_int64)(lambda state: calls.append(("take", state)))
+    values[encode.SAVE_THREAD_AT] = ctypes.cast(let_go, ctypes.c_void_p).value
+    values[encode.RESTORE_THREAD_AT] = ctypes.cast(take, ctypes.c_void_p).value
+    for n, expected in ((encode.RELEASE_GIL_FROM - 1, []),
+                        (encode.RELEASE_GIL_FROM, ["let go", ("take", 12345)]),
+                        (5000, ["let go", ("take", 12345)]), (3, [])):
+        calls.clear()
+        text = ("ab " * n)[:n]
+        assert tokenizer.encode(text) == tiktoken_gpt2.encode_ordinary(text)
+        assert calls == expected
 
 
 def test_the_short_paths_results_are_copies_of_views_kept_by_length(gpt2_files, tiktoken_gpt2):
