@@ -473,3 +473,24 @@ def test_encode_variants_still_change_the_loop_they_were_measured_on(monkeypatch
     monkeypatch.setitem(variants.VARIANTS, "stale", stale)
     assert variants.main(["--variants", "stale"]) == 2
     assert "variant stale: encode_documents no longer holds" in capsys.readouterr().err
+
+
+def test_machine_scaling_times_each_workload_on_one_and_two_threads(tmp_path, capsys):
+    # Small work (scale 0.01): each workload's row has its two times and the speedup they
+    # give, printed and in the JSON.
+    scaling = load_script("machine_scaling")
+    out = tmp_path / "scaling.json"
+    assert scaling.main(["--repeat", "1", "--scale", "0.01", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [row["workload"] for row in rows] == [
+        "dependent chain", "arithmetic over 32 KB", "random reads in 1 MB", "random reads in 8 MB",
+        "random reads in 2 MB", "streaming writes, 64 MB"]
+    for row in rows:
+        assert row["one_thread_s"] > 0 and row["two_threads_s"] > 0
+        assert row["speedup"] == pytest.approx(2 * row["one_thread_s"] / row["two_threads_s"])
+    printed = capsys.readouterr().out
+    assert printed.count("2 threads (the same work each)") == 6
+    x = 1  # the dependent chain's steps, in Python: the compiled loop computes them all
+    for _ in range(1000):
+        x = (x * 6364136223846793005 + (x >> 29)) % 2**64
+    assert int(scaling.dependent_chain(1000)) == x
