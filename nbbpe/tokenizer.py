@@ -70,7 +70,10 @@ PRETOKENIZERS = ("auto", "compiled", "regex")
 _MAX_ID = (1 << 31) - 1  # ids are int32 in the kernels
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
 _NO_IDS = np.zeros(0, dtype=np.int32)
-_SMALL_BATCH_BYTES = 1 << 16  # below this a batch is not worth a second thread
+# Characters below which a batch is not worth a second thread: 2 threads against 1, TinyStories'
+# and web_5M's first documents, medians of 9 alternated rounds in one process: 0.63 and 0.76x
+# at 128 KB, 0.80 and 0.78x at 256 KB, 1.28 and 1.43x at 384 KB, 1.60 and 1.40x at 1 MB.
+_SMALL_BATCH_CHARS = 3 << 17
 # Groups a batch is cut into, per thread: the last group leaves the other threads idle, so not
 # few (4 made 2-thread multi_1M 8% slower than 16); but each group takes the GIL twice (to turn
 # its texts into UTF-8, to hand its ids over), and a thread kept waiting for it may wait ~0.2 ms
@@ -78,6 +81,11 @@ _SMALL_BATCH_BYTES = 1 << 16  # below this a batch is not worth a second thread
 # 13.7 against 15.0 ms, multi_1M 12.3 against 13.0, web_5M 29.3 against 30.0 (with cl100k's
 # pattern 31.9 against 33.9), multi_1M with o200k's 15.5 both.
 _GROUPS_PER_THREAD = 8
+# ... but of at least this many characters, while there is one per thread: in a 2-thread batch
+# each group cost ~0.1 ms of hand-offs between the threads, and a batch of 128 KB cut into 16
+# took 1.97 ms against 0.48 on one thread (TinyStories; 0.76 ms cut into 2; at 512 KB, 1.92
+# against 1.72 ms cut into 4; from 2 MB on, 16 groups either way).
+_MIN_GROUP_CHARS = 1 << 17
 # Groups of at most this many pieces (a piece or two of a long text, a few long texts) are read
 # in place (`Tokenizer._encode_in_place`) if their pieces are long enough.
 _IN_PLACE_PIECES = 8
@@ -568,7 +576,7 @@ class Tokenizer:
         beyond the ids stays a few groups' worth, reused). The threads turn the pieces into
         UTF-8, each while the other encodes. `lengths`: the texts' lengths."""
         total = int(lengths.sum())
-        groups = max(_GROUPS_PER_THREAD * threads if threads > 1 else 1, -(-total // _GROUP_CHARS))
+        groups = _groups_for(total, threads)
         size = total // groups + 1
         encode = self._encode_pieces
         if lengths.max(initial=0) > 2 * size:
@@ -1019,9 +1027,20 @@ def _threads_asked(num_threads: int | None) -> int:
 def _thread_count(num_threads: int, n_texts: int, size: int, texts_cut: bool) -> int:
     """The threads worth using for a batch of `n_texts` texts of `size` characters in all:
     `num_threads`, but no more than the texts (unless long texts are cut, `texts_cut`) and one
-    per 64 KB."""
+    more per `_SMALL_BATCH_CHARS`."""
     most = num_threads if texts_cut else min(num_threads, n_texts)
-    return max(1, min(most, size // _SMALL_BATCH_BYTES + 1))
+    return max(1, min(most, size // _SMALL_BATCH_CHARS + 1))
+
+
+def _groups_for(total: int, threads: int) -> int:
+    """How many groups a batch of `total` characters is cut into on `threads` threads: a few
+    per thread (`_GROUPS_PER_THREAD`), each of at least `_MIN_GROUP_CHARS` while there is one
+    per thread, and of at most `_GROUP_CHARS`."""
+    if threads == 1:
+        per_thread = 1
+    else:
+        per_thread = min(_GROUPS_PER_THREAD, max(1, total // (threads * _MIN_GROUP_CHARS)))
+    return max(per_thread * threads, -(-total // _GROUP_CHARS))
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}

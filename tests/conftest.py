@@ -26,6 +26,18 @@ def small_caches(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def small_batches_on_threads(monkeypatch):
+    """A batch goes to a second thread from `tokenizer._SMALL_BATCH_CHARS` characters (384K), in
+    groups of at least `_MIN_GROUP_CHARS` (128K): more text than most tests' batches have. So
+    that their batches still run on threads, in several groups each, tests take the threads
+    and groups of 64K and 1 character; the thresholds' own test sets them back."""
+    from nbbpe import tokenizer
+
+    monkeypatch.setattr(tokenizer, "_SMALL_BATCH_CHARS", 1 << 16)
+    monkeypatch.setattr(tokenizer, "_MIN_GROUP_CHARS", 1)
+
+
+@pytest.fixture(autouse=True)
 def kernels_compiled(monkeypatch):
     """A first run on a small source learns its merges and encodes in Python while the merge
     loop's and the encode kernel are not in Numba's cache: what the cache holds changes as the

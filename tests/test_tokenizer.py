@@ -731,6 +731,34 @@ def test_encode_batch_equals_encode_of_each_text(gpt2, batch, threads):
     assert gpt2.decode_batch(want) == [gpt2.decode(ids) for ids in want]
 
 
+def test_small_batches_take_one_thread_and_few_groups(gpt2, monkeypatch):
+    # Each group of a 2-thread batch costs ~0.1 ms of hand-offs: a batch takes a second thread
+    # from 384K characters on, and is cut into groups of at least 128K characters (one per
+    # thread at least, 8 per thread at most, each of at most `_GROUP_CHARS`). The real
+    # thresholds here, not conftest's.
+    monkeypatch.undo()
+    from nbbpe import tokenizer as tk
+
+    assert (tk._SMALL_BATCH_CHARS, tk._MIN_GROUP_CHARS, tk._GROUPS_PER_THREAD) == (3 << 17, 1 << 17, 8)
+    assert tk._thread_count(2, 1000, (3 << 17) - 1, False) == 1
+    assert tk._thread_count(2, 1000, 3 << 17, False) == 2
+    assert tk._thread_count(4, 1000, 5 << 17, False) == 2
+    assert tk._thread_count(2, 1, 1 << 22, False) == 1 and tk._thread_count(2, 1, 1 << 22, True) == 2
+    assert [tk._groups_for(n, 2) for n in (3 << 17, 1 << 19, 1 << 20, 2 << 20, 5 << 20)] == [2, 4, 8, 16, 16]
+    assert [tk._groups_for(n, 1) for n in (1000, 1 << 20, (1 << 20) + 1, 5 << 20)] == [1, 1, 2, 5]
+    runs = []
+    real = tk._run_groups
+    monkeypatch.setattr(tk, "_run_groups", lambda threads, encode, groups, *args:
+                        runs.append((threads, len(groups))) or real(threads, encode, groups, *args))
+    text = read("web_sample.txt").replace(EOT, "")
+    for chars, expected in ((200_000, []), (600_000, [(2, 4)])):  # (one thread: one group, here)
+        batch = [text] * (chars // len(text))
+        ids, offsets = gpt2.encode_batch_to_numpy(batch, num_threads=2)
+        assert ids[offsets[-2]:offsets[-1]].tolist() == gpt2.encode(text)
+        assert runs == expected
+        runs.clear()
+
+
 def test_large_batches_on_threads_equal_encode(gpt2):
     documents = read("web_sample.txt").split(EOT) * 6 + read("multi_sample.txt").split("\n")
     want = [gpt2.encode(d) for d in documents]
