@@ -457,15 +457,21 @@ def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files
     assert len(buffers) > 1  # and the buffer was replaced
 
 
+def tokenizer_with_short_path(gpt2_files):
+    """A GPT-2 tokenizer, and its thread's state, after two texts: the second readies the short
+    path (`DocumentEncoder._ready_text_call`), which later texts of this thread take."""
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    for text in ("a first text", "a second: it readies the short path"):
+        tokenizer.encode(text)
+    return tokenizer, tokenizer._thread_state()
+
+
 def test_the_short_path_is_packed_again_only_when_its_cache_or_buffer_changed(gpt2_files,
                                                                              monkeypatch):
     # A text too long for the short path goes the long way, then readies the short path again:
     # its arguments are packed anew only if the cache's table or the output buffer is not the
     # one they hold (packing took 65-85 us a call).
-    tokenizer = Tokenizer(*gpt2_files, [EOT])
-    for text in ("a first text", "a second: it readies the short path"):
-        tokenizer.encode(text)
-    state = tokenizer._thread_state()
+    tokenizer, state = tokenizer_with_short_path(gpt2_files)
     packs = []
     real = encode.pack_encode_args
     monkeypatch.setattr(encode, "pack_encode_args",
@@ -1146,9 +1152,7 @@ def test_uint16_ids_are_narrowed_by_the_short_paths_compiled_call(gpt2_files, ti
     # encode_to_numpy's default uint16 ids are rewritten as uint16 in place by `_short_path`
     # (no astype): from the third text on, each is one compiled call, never the long way, and its
     # ids (high ones too: 43,453 and the special 50,256) are tiktoken's, in any dtype asked for.
-    tokenizer = Tokenizer(*gpt2_files, [EOT])
-    for text in ("a first text", "a second: it readies the short path for the third on"):
-        tokenizer.encode_to_numpy(text)
+    tokenizer, _ = tokenizer_with_short_path(gpt2_files)  # from the third text on
     long_way = []
     original = encode.DocumentEncoder.encode_text_long
     monkeypatch.setattr(encode.DocumentEncoder, "encode_text_long",
@@ -1171,10 +1175,7 @@ def test_the_short_paths_builtin_reads_ascii_str_and_bytes_and_refuses_the_rest(
     # reads an ASCII str where it lies and a bytes object's UTF-8, with the GIL held or let go
     # (from `RELEASE_GIL_FROM` bytes on; both ways here); any other object, or a str CPython
     # cannot give as UTF-8, gives -1 (the caller goes the long way) and leaves no exception set.
-    tokenizer = Tokenizer(*gpt2_files, [EOT])
-    for text in ("a first text", "a second: it readies the short path"):
-        tokenizer.encode(text)
-    state = tokenizer._thread_state()
+    tokenizer, state = tokenizer_with_short_path(gpt2_files)
     call, values = state.text_call, state.text_args.values
     web = read("web_sample.txt").replace(EOT, "")
     texts = ["Hi", "x" * (encode.RELEASE_GIL_FROM - 1), "y" * encode.RELEASE_GIL_FROM,
@@ -1206,10 +1207,8 @@ def test_the_short_path_lets_go_of_the_gil_around_the_kernel_from_its_threshold(
     # calls neither. (The previous test runs the real ones.)
     import ctypes
 
-    tokenizer = Tokenizer(*gpt2_files, [EOT])
-    for text in ("a first text", "a second: it readies the short path"):
-        tokenizer.encode(text)
-    values = tokenizer._thread_state().text_args.values
+    tokenizer, state = tokenizer_with_short_path(gpt2_files)
+    values = state.text_args.values
     calls = []
     let_go = ctypes.CFUNCTYPE(ctypes.c_int64)(lambda: calls.append("let go") or 12345)
     take = ctypes.CFUNCTYPE(None, ctypes.c_int64)(lambda state: calls.append(("take", state)))
@@ -1228,10 +1227,7 @@ def test_the_short_paths_results_are_copies_of_views_kept_by_length(gpt2_files, 
     # The short path's result is a copy of its first w ids, taken from a view of the thread's
     # buffer made once per w (`encode.IdViews`): each result is its own array, which later calls
     # do not change, in every dtype; views of more than `_KEPT_VIEWS` ids are not kept.
-    tokenizer = Tokenizer(*gpt2_files, [EOT])
-    for text in ("a first text", "a second: it readies the short path"):
-        tokenizer.encode(text)
-    state = tokenizer._thread_state()
+    tokenizer, state = tokenizer_with_short_path(gpt2_files)
     first, second = " one two three", " four five six"
     assert len(tiktoken_gpt2.encode(first)) == len(tiktoken_gpt2.encode(second)) == 3
     results = [(tokenizer.encode_to_numpy(t), tokenizer.encode_to_numpy(t, np.uint32),
@@ -1268,10 +1264,7 @@ def test_a_text_longer_than_the_threads_buffer_takes_more_calls_not_a_bigger_buf
     # encoded in several calls of the kernel (a pre-token too long for the pass among them),
     # its ids gathered in the result: the buffer kept for the thread does not grow to the
     # longest text's size.
-    tokenizer = Tokenizer(*gpt2_files, [EOT])
-    for text in ("a first text", "a second: it readies the short path"):
-        tokenizer.encode(text)
-    state = tokenizer._thread_state()
+    tokenizer, state = tokenizer_with_short_path(gpt2_files)
     size = len(state.out)
     long_text = (read("multi_sample.txt") + " " + "x" * 3000 + EOT + read("web_sample.txt")) * 4
     assert len(long_text.encode()) > 4 * size
