@@ -45,6 +45,7 @@ pre-token too long for the scratch space makes the kernel return and ask for mor
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -948,8 +949,12 @@ RELEASE_GIL_FROM = 256
 
 def short_path_values(kernel: int) -> tuple:
     """The ints `_short_path` reads after the text buffer, for the kernel at `kernel`."""
-    return ((kernel,) + tuple(c_function_address(name) for name in SHORT_PATH_FUNCTIONS)
-            + (id(str), id(bytes), id(True), RELEASE_GIL_FROM, 0))
+    return (kernel,) + _c_api_addresses() + (id(str), id(bytes), id(True), RELEASE_GIL_FROM, 0)
+
+
+@functools.cache  # the same for the process: not looked up again each time a thread repacks
+def _c_api_addresses() -> tuple:
+    return tuple(c_function_address(name) for name in SHORT_PATH_FUNCTIONS)
 
 
 _short_path_function = None
