@@ -75,7 +75,8 @@ from .encode_tables import (
 )
 from .kernel_args import (NDARRAY_DATA_OFFSET, OB_TYPE_OFFSET, PackedArrays, array_at, array_from,
                           c_function_address, call_at, call_c, copy_bytes, fastcall_builtin,
-                          load_word, object_layout_known, readonly_array_at)
+                          load_word, new_array_address, object_layout_known,
+                          readonly_array_at)
 from .kernel_cache import cached, cached_cfunc, cfunc_cached, entry_point, native_address
 from .scanners.classes import load8, load_upto8, uindex
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
@@ -859,15 +860,13 @@ _call_kernel_at = call_at(KERNEL_SIGNATURE)
 
 
 @njit(inline="always")  # into `_short_path`
-def _encode_text_at(data, n, values, narrow):
+def _encode_text_at(data, n, values):
     """Run the encode kernel on one text, the `n` bytes of UTF-8 at address `data`, with the
     other arguments packed in `values` (`pack_encode_args` with the thread's text buffer and
-    `short_path_values`). Returns the ids written to the packed output, or -1 if the kernel
-    stopped before the end (or raised): then encode the text the long way. If `narrow`, the ids
-    are also rewritten in place as uint16 (id k over bytes 2k and 2k + 1, which hold ids already
-    read): a copy of them is then the result, cheaper than NumPy's astype (0.25 against 0.39 us
-    for a short text). The GIL is let go while the kernel runs on a text of
-    `RELEASE_GIL_FROM` bytes or more (its value packed at `RELEASE_GIL_FROM_AT`).
+    `short_path_values`). Returns the number of ids written to the packed output (int32), or -1
+    if the kernel stopped before the end (or raised): then encode the text the long way. The
+    GIL is let go while the kernel runs on a text of `RELEASE_GIL_FROM` bytes or more (its
+    value packed at `RELEASE_GIL_FROM_AT`).
 
     A text of up to `COPY_UP_TO` bytes is copied into the text buffer, which the kernel is told
     goes on `TEXT_PAD` bytes past the text's end: so it cuts the text's last 64 bytes a block at
@@ -891,55 +890,102 @@ def _encode_text_at(data, n, values, narrow):
         call_c(values[RESTORE_THREAD_AT], (thread,))
     if not ok or doc != 1:
         return -1
-    if narrow:
-        ids = array_at(values, OUT_AT, np.int32)
-        narrowed = array_at(values, OUT_AT, np.uint16)
+    return w
+
+
+@njit(inline="always")  # into `_short_path`
+def _ids_object(values, base, w, kind):
+    """The first w ids of the packed output as a new object of `kind` (`TEXT_UINT16`,
+    `TEXT_UINT32` or `TEXT_LIST`); 0 (NULL) with CPython's error set if it could not be made.
+    Made here, not from a view of the buffer in Python: `view[:w].copy()` took ~0.2 us of a
+    ~0.65 us call on a short text, `PyArray_New` and a loop take less than half of that."""
+    ids = array_at(values, OUT_AT, np.int32)
+    if kind == TEXT_LIST:
+        result = call_c(values[LIST_NEW_AT], (w,))
+        if result == 0:
+            return 0
+        for k in range(w):
+            item = call_c(values[NEW_INT_AT], (np.int64(ids[uindex(k)]),))
+            if item == 0:
+                call_c(values[DECREF_AT], (result,))
+                return 0
+            call_c(values[LIST_SET_AT], (result, k, item))  # it takes `item`'s reference
+        return result
+    wide = kind == TEXT_UINT32
+    values[DIMS_AT] = w  # the array's one dimension, read from its address
+    result = call_c(values[ARRAY_NEW_AT], (values[NDARRAY_TYPE_AT], 1, base + 8 * DIMS_AT,
+                                           values[UINT32_NUM_AT] if wide else values[UINT16_NUM_AT],
+                                           0, 0, 0, 0, 0))
+    if result == 0:
+        return 0
+    data = load_word(result + NDARRAY_DATA_OFFSET)
+    if wide:  # the ids are below 2**31: their int32 bits are their uint32 ones
+        copy_bytes(data, values[OUT_AT], 4 * w)
+    else:
+        narrowed = array_from(data, w, np.uint16)
         for k in range(w):
             narrowed[uindex(k)] = np.uint16(ids[uindex(k)])
-    return w
+    return result
 
 
 def _short_path(self_object, args, nargs):
     """The short path's one call (`DocumentEncoder.encode_text`), compiled as a C function
     (`short_path_address`) and called as a builtin bound to the thread's packed values
-    (`kernel_args.fastcall_builtin`): call(text, narrow), `text` an ASCII `str` (read where
-    it lies) or `bytes` of valid UTF-8, `narrow` True or False (see `_encode_text_at`).
-    Returns the number of ids written, or -1: encode the text the long way (the kernel stopped,
-    or `text` was of another type). Against the call of a Numba function, which unboxed a
-    `bytes` and the values array and let go of the GIL each time, and a `str.encode` before
-    it: see the README's "What moved encoding". Bound to the values array (`self_object`),
-    it reads their address from it."""
+    (`kernel_args.fastcall_builtin`): call(text, kind), `text` an ASCII `str` (read where it
+    lies) or `bytes` of valid UTF-8. Returns, by `kind`: `TEXT_COUNT`, the number of ids
+    written to the output buffer (int32), or -1; `TEXT_UINT16`, `TEXT_UINT32` or `TEXT_LIST`,
+    the ids as a new uint16 or uint32 array or a list, or None. -1 and None say: encode the
+    text the long way (the kernel stopped, `text` was of another type, or `kind` of none of
+    these). Against the call of a Numba function, which unboxed a `bytes` and the values array
+    and let go of the GIL each time, and a `str.encode` before it: see the README's "What moved
+    encoding". Bound to the values array (`self_object`), it reads their address from it."""
     base = load_word(self_object + NDARRAY_DATA_OFFSET)
     values = array_from(base, SHORT_PATH_ITEMS, np.int64)
     w = -1
+    kind = -1
     if nargs == 2:
+        kind = call_c(values[AS_SSIZE_AT], (load_word(args + 8),))  # -1 if it is not an int
         text = load_word(args)
-        kind = load_word(text + OB_TYPE_OFFSET)
+        type_of_text = load_word(text + OB_TYPE_OFFSET)
         data = 0
         n = 0
-        if kind == values[STR_TYPE_AT]:  # ASCII: its own characters, no copy, nothing kept
+        if not TEXT_COUNT <= kind <= TEXT_LIST:
+            pass
+        elif type_of_text == values[STR_TYPE_AT]:  # ASCII: its own characters, no copy, nothing kept
             data = call_c(values[AS_UTF8_AT], (text, base + 8 * SIZE_OUT_AT))
             n = values[SIZE_OUT_AT]
-        elif kind == values[BYTES_TYPE_AT]:
+        elif type_of_text == values[BYTES_TYPE_AT]:
             data = call_c(values[BYTES_DATA_AT], (text,))
             n = call_c(values[BYTES_SIZE_AT], (text,))
-        if data == 0:  # another type, or a str CPython could not give as UTF-8
+        if data == 0:  # another type or kind, or a str CPython could not give as UTF-8
             call_c(values[ERR_CLEAR_AT], ())
         else:
-            w = _encode_text_at(data, n, values, load_word(args + 8) == values[TRUE_AT])
-    return call_c(values[NEW_INT_AT], (w,))
+            w = _encode_text_at(data, n, values)
+    if kind == TEXT_COUNT:
+        return call_c(values[NEW_INT_AT], (w,))
+    if w >= 0:
+        return _ids_object(values, base, w, kind)
+    call_c(values[INCREF_AT], (values[NONE_AT],))
+    return values[NONE_AT]
 
+
+# What the short path's call returns (`_short_path`'s `kind`).
+TEXT_COUNT, TEXT_UINT16, TEXT_UINT32, TEXT_LIST = range(4)
 
 # What `_short_path` reads after the short path's text buffer in the packed values: the
-# kernel's address, CPython's C API functions it calls (their addresses in this process: the
-# compiled code is cached, and holds none) and the types it tells apart (`short_path_values`),
-# and a slot for a size the C API returns.
+# kernel's address, the C API functions it calls (CPython's and NumPy's `PyArray_New`: their
+# addresses in this process, since the compiled code is cached, and holds none) and the
+# objects it tells apart or makes (`short_path_values`), a slot for a size the C API returns
+# and one for the length of an array it makes.
 SHORT_PATH_FUNCTIONS = ("PyUnicode_AsUTF8AndSize", "PyBytes_AsString", "PyBytes_Size",
-                        "PyErr_Clear", "PyLong_FromSsize_t", "PyEval_SaveThread",
+                        "PyErr_Clear", "PyLong_FromSsize_t", "PyLong_AsSsize_t", "PyList_New",
+                        "PyList_SetItem", "Py_IncRef", "Py_DecRef", "PyEval_SaveThread",
                         "PyEval_RestoreThread")
-(KERNEL_AT, AS_UTF8_AT, BYTES_DATA_AT, BYTES_SIZE_AT, ERR_CLEAR_AT, NEW_INT_AT, SAVE_THREAD_AT,
- RESTORE_THREAD_AT, STR_TYPE_AT, BYTES_TYPE_AT, TRUE_AT, RELEASE_GIL_FROM_AT, SIZE_OUT_AT,
- SHORT_PATH_ITEMS) = range(TEXT_BUFFER_AT + 2, TEXT_BUFFER_AT + 16)
+(KERNEL_AT, AS_UTF8_AT, BYTES_DATA_AT, BYTES_SIZE_AT, ERR_CLEAR_AT, NEW_INT_AT, AS_SSIZE_AT,
+ LIST_NEW_AT, LIST_SET_AT, INCREF_AT, DECREF_AT, SAVE_THREAD_AT, RESTORE_THREAD_AT, ARRAY_NEW_AT,
+ STR_TYPE_AT, BYTES_TYPE_AT, NDARRAY_TYPE_AT, NONE_AT, UINT16_NUM_AT, UINT32_NUM_AT,
+ RELEASE_GIL_FROM_AT, SIZE_OUT_AT, DIMS_AT, SHORT_PATH_ITEMS) = range(
+    TEXT_BUFFER_AT + 2, TEXT_BUFFER_AT + 26)
 _SHORT_PATH_SIGNATURE = types.int64(types.int64, types.int64, types.int64)  # METH_FASTCALL's
 # A text of this many bytes or more lets go of the GIL while the kernel runs (other threads
 # run meanwhile); a shorter one keeps it: letting go and taking it again costs ~50-80 ns, and
@@ -949,12 +995,16 @@ RELEASE_GIL_FROM = 256
 
 def short_path_values(kernel: int) -> tuple:
     """The ints `_short_path` reads after the text buffer, for the kernel at `kernel`."""
-    return (kernel,) + _c_api_addresses() + (id(str), id(bytes), id(True), RELEASE_GIL_FROM, 0)
+    return ((kernel,) + _c_api_addresses()
+            + (id(str), id(bytes), id(np.ndarray), id(None), np.dtype(np.uint16).num,
+               np.dtype(np.uint32).num, RELEASE_GIL_FROM, 0, 0))
 
 
 @functools.cache  # the same for the process: not looked up again each time a thread repacks
 def _c_api_addresses() -> tuple:
-    return tuple(c_function_address(name) for name in SHORT_PATH_FUNCTIONS)
+    """The addresses of `SHORT_PATH_FUNCTIONS`, then NumPy's `PyArray_New`'s."""
+    return (tuple(c_function_address(name) for name in SHORT_PATH_FUNCTIONS)
+            + (new_array_address(),))
 
 
 _short_path_function = None
@@ -1211,17 +1261,14 @@ class ThreadState:
         self.out = np.empty(0, dtype=np.int32)  # the kernels' output, reused: no page faults
         self.doc_end = np.empty(1, dtype=np.int64)  # for one text at a time
         self.doc_out_end = np.empty(1, dtype=np.int64)
-        # The short path: its call, `text_call(text, narrow)` (`_short_path`, bound to its
+        # The short path: its call, `text_call(text, kind)` (`_short_path`, bound to its
         # packed arguments, the text left out: `text_args`), and the bytes of text it has room
         # for (fewer than `text_room`).
         self.text_call = None
         self.text_args: PackedArrays | None = None
         self.text_room = 0
-        # Its ids out[:w] (int32, and the same buffer read as uint32 and as uint16, which the
-        # call narrows them to) by w, as views made once (`IdViews`).
+        # Its ids out[:w] (int32) by w, as views made once (`IdViews`), for `TEXT_COUNT`.
         self.text_ids: IdViews | None = None
-        self.text_ids_uint32: IdViews | None = None
-        self.text_ids_uint16: IdViews | None = None
         self.text_buffer = np.zeros(COPY_UP_TO + TEXT_PAD, dtype=np.uint8)  # see _short_path
         # The other calls' packed arguments (`DocumentEncoder._packed`), and the output buffer
         # and cache table they hold.
@@ -1328,14 +1375,18 @@ class DocumentEncoder:
         compiled call (`state.text_call`, see `_short_path`) with the arguments kept packed in
         `state`, so that the Python around it costs well under 1 µs besides the copy of the ids:
         it is most of what a short text costs. `Tokenizer.encode` and `encode_to_numpy` make
-        this call themselves for a list and their default dtypes (uint16 narrowed by the call,
-        uint32 read from `text_ids_uint32`), a frame less; other dtypes come here."""
+        this call themselves for a list and their default dtypes (uint16 and uint32: the call
+        makes the result), a frame less; other dtypes come here."""
         call = state.text_call
         if call is not None and len(data) < state.text_room:
-            w = call(data, False)
-            if w >= 0:
-                ids = state.text_ids[w]
-                return ids.tolist() if dtype is None else ids.astype(dtype)
+            if dtype is None:
+                ids = call(data, TEXT_LIST)
+                if ids is not None:
+                    return ids
+            else:
+                w = call(data, TEXT_COUNT)
+                if w >= 0:
+                    return state.text_ids[w].astype(dtype)
         return self.encode_text_long(data, state, dtype)
 
     def encode_text_long(self, data, state: ThreadState, dtype):
@@ -1380,19 +1431,18 @@ class DocumentEncoder:
         state.text_holds = (out, cache)
         state.text_room = len(out) - SPARE_IDS  # the ids of a shorter text fit
         state.text_ids = IdViews(out)
-        state.text_ids_uint32 = IdViews(out.view(np.uint32))  # the same buffer, as uint32 ids
-        state.text_ids_uint16 = IdViews(out.view(np.uint16))  # ... and as uint16 ids (`narrow`)
         # bound to the values (which it holds), from which it reads the arrays' addresses
         state.text_call = fastcall_builtin(address, state.text_args.values, "encode_text")
 
     def _text_call(self):
         """(`_short_path`'s address, the kernel's address), compiled or loaded; False if this
         Numba does not say where the kernel is, or cannot compile the call, or objects are not
-        laid out as it reads them (then every text goes the long way: the tests check that it
-        does not, with the Numba and the Python they run on)."""
+        laid out as it reads them, or NumPy's `PyArray_New` is not found (then every text goes
+        the long way: the tests check that it does not, with the Numba, the Python and the
+        NumPy they run on)."""
         values = np.zeros(ENCODE_ARG_ITEMS, dtype=np.int64)
         kernel = native_address(self.kernel, (values, -1, 0, 0, 0), KERNEL_SIGNATURE)
-        if kernel is None or not object_layout_known():
+        if kernel is None or not object_layout_known() or _c_api_addresses()[-1] is None:
             return False
         try:  # `call_at` builds on Numba's internals, which another Numba may have changed
             return short_path_address(), kernel

@@ -253,6 +253,40 @@ def object_layout_known() -> bool:
             == address(array))
 
 
+# `PyArray_New(subtype, nd, dims, type_num, strides, data, itemsize, flags, obj)`: entry 93 of
+# NumPy's C API table (`PyArray_API`, numpy/__multiarray_api.h; the same in NumPy 1 and 2).
+_PYARRAY_NEW_INDEX = 93
+_new_array_type = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_int,
+                                    ctypes.POINTER(ctypes.c_ssize_t), ctypes.c_int, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+
+
+def new_array_address() -> int | None:
+    """Where NumPy's `PyArray_New` is in this process, found in NumPy's C API table; None if it
+    is not there, or if a call of it does not make the uninitialized one-dimensional array it
+    should (checked here through ctypes), so that a caller can take another way."""
+    try:
+        try:
+            from numpy._core import _multiarray_umath
+        except ImportError:  # NumPy 1
+            from numpy.core import _multiarray_umath
+        get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+        get_pointer.restype = ctypes.c_void_p
+        get_pointer.argtypes = (ctypes.py_object, ctypes.c_char_p)
+        table = get_pointer(_multiarray_umath._ARRAY_API, None)
+        function = ctypes.c_void_p.from_address(table + 8 * _PYARRAY_NEW_INDEX).value
+        for dtype in (np.uint16, np.uint32):
+            array = _new_array_type(function)(id(np.ndarray), 1, (ctypes.c_ssize_t * 1)(3),
+                                              np.dtype(dtype).num, None, None, 0, 0, None)
+            if not (type(array) is np.ndarray and array.shape == (3,) and array.dtype == dtype
+                    and array.flags.owndata and array.flags.writeable
+                    and array.flags.c_contiguous):
+                return None
+        return function
+    except Exception:  # another NumPy, laid out otherwise
+        return None
+
+
 class _PyMethodDef(ctypes.Structure):
     _fields_ = [("ml_name", ctypes.c_char_p), ("ml_meth", ctypes.c_void_p),
                 ("ml_flags", ctypes.c_int), ("ml_doc", ctypes.c_char_p)]

@@ -378,9 +378,9 @@ class Tokenizer:
             state = self._thread_state()
         call = state.text_call
         if call is not None and len(data) < state.text_room:
-            w = call(data, False)
-            if w >= 0:
-                return state.text_ids[w].tolist()
+            ids = call(data, _AS_LIST)
+            if ids is not None:
+                return ids
             return self._engine.documents.encode_text_long(data, state, None)
         return (self._engine or self._get_engine()).documents.encode_text(data, state, None)
 
@@ -396,9 +396,8 @@ class Tokenizer:
             if len(text) >= self._thread_state().text_room:  # the long way: its UTF-8 in place
                 return self._encode_in_place_text(text, dtype)
         # The short path written out, as in encode, for the default dtypes: uint16 ids (up to
-        # 65,536 tokens), which the compiled call narrows in place (astype took ~0.15 us more),
-        # and uint32 (the kernel's int32 ids, below 2**31: the same bits, copied: 0.35 µs, where
-        # astype took 0.48-0.56 µs). Other dtypes take `DocumentEncoder.encode_text`.
+        # 65,536 tokens) and uint32, whose array the compiled call makes (a copy of a view of
+        # its ids took ~0.2 us more). Other dtypes take `DocumentEncoder.encode_text`.
         if text.isascii():  # read where it lies
             data = text
         else:
@@ -413,10 +412,9 @@ class Tokenizer:
         call = state.text_call
         if call is not None and len(data) < state.text_room and (dtype is _UINT16
                                                                  or dtype is _UINT32):
-            narrow = dtype is _UINT16
-            w = call(data, narrow)
-            if w >= 0:
-                return (state.text_ids_uint16 if narrow else state.text_ids_uint32)[w].copy()
+            ids = call(data, _AS_UINT16 if dtype is _UINT16 else _AS_UINT32)
+            if ids is not None:
+                return ids
             return self._engine.documents.encode_text_long(data, state, dtype)
         return (self._engine or self._get_engine()).documents.encode_text(data, state, dtype)
 
@@ -988,6 +986,9 @@ def _options(options: dict) -> dict:
 
 
 _UINT16, _UINT32 = np.dtype(np.uint16), np.dtype(np.uint32)
+# The short path's kinds of result (`encode.TEXT_UINT16`, `TEXT_UINT32`, `TEXT_LIST`: written
+# out, since importing `encode` loads Numba)
+_AS_UINT16, _AS_UINT32, _AS_LIST = 1, 2, 3
 
 
 def _check_text(text, method: str) -> str:

@@ -1173,8 +1173,10 @@ def test_the_short_paths_builtin_reads_ascii_str_and_bytes_and_refuses_the_rest(
         gpt2_files, tiktoken_gpt2):
     # `_short_path` is a C function called as a builtin (`kernel_args.fastcall_builtin`): it
     # reads an ASCII str where it lies and a bytes object's UTF-8, with the GIL held or let go
-    # (from `RELEASE_GIL_FROM` bytes on; both ways here); any other object, or a str CPython
-    # cannot give as UTF-8, gives -1 (the caller goes the long way) and leaves no exception set.
+    # (from `RELEASE_GIL_FROM` bytes on; both ways here), and gives the number of ids it left in
+    # the thread's buffer, or the ids as a new uint16 or uint32 array or a list, by the kind
+    # asked for; any other object or kind, or a str CPython cannot give as UTF-8, gives -1 (for
+    # a count) or None (the caller goes the long way) and leaves no exception set.
     tokenizer, state = tokenizer_with_short_path(gpt2_files)
     call, values = state.text_call, state.text_args.values
     web = read("web_sample.txt").replace(EOT, "")
@@ -1185,16 +1187,34 @@ def test_the_short_paths_builtin_reads_ascii_str_and_bytes_and_refuses_the_rest(
         for text in texts:
             expected = tiktoken_gpt2.encode_ordinary(text)
             for given in ((text, text.encode()) if text.isascii() else (text.encode(),)):
-                for narrow in (False, True):
-                    w = call(given, narrow)
-                    assert w == len(expected)
-                    ids = state.text_ids_uint16[w] if narrow else state.text_ids[w]
-                    assert ids.tolist() == expected
+                w = call(given, encode.TEXT_COUNT)
+                assert w == len(expected) and state.text_ids[w].tolist() == expected
+                for kind, dtype in ((encode.TEXT_UINT16, np.uint16),
+                                    (encode.TEXT_UINT32, np.uint32)):
+                    ids = call(given, kind)
+                    assert type(ids) is np.ndarray and ids.dtype == dtype
+                    assert ids.tolist() == expected and ids.flags.owndata and ids.flags.writeable
+                assert call(given, encode.TEXT_LIST) == expected
             assert tokenizer.encode(text) == expected
-    for wrong in ((bytearray(b"ab"), False), (np.str_("ab"), False), (3, True), ("ab",),
-                  ("ab", False, 1), ("\ud800", False)):
-        assert call(*wrong) == -1
+    for args in ((bytearray(b"ab"),), (np.str_("ab"),), (3,), ("\ud800",), ("ab", 1)):
+        for kind in (encode.TEXT_COUNT, encode.TEXT_UINT16, encode.TEXT_UINT32,
+                     encode.TEXT_LIST, -1, 4, 1 << 70, "1", None):
+            result = call(*args, kind)
+            if len(args) == 1 and kind == encode.TEXT_COUNT:
+                assert result == -1
+            else:
+                assert result is None
+    text = "".join(["a", "b"])  # a str of its own
+    refcounts = sys.getrefcount(None), sys.getrefcount(text)
+    for _ in range(100):  # None given back as a reference of its own; the text left as it was
+        call(text, 4)
+    assert (sys.getrefcount(None), sys.getrefcount(text)) == refcounts
+    assert call("ab", True).tolist() == tiktoken_gpt2.encode_ordinary("ab")  # TEXT_UINT16
     assert sys.exc_info() == (None, None, None)
+    # what Tokenizer asks for, written out there (importing `encode` loads Numba)
+    from nbbpe import tokenizer as tokenizer_module
+    assert (tokenizer_module._AS_UINT16, tokenizer_module._AS_UINT32, tokenizer_module._AS_LIST) == (
+        encode.TEXT_UINT16, encode.TEXT_UINT32, encode.TEXT_LIST)
     assert tokenizer.encode("a\ud800b") == tiktoken_gpt2.encode_ordinary("a\ufffdb")
 
 
@@ -1223,10 +1243,12 @@ def test_the_short_path_lets_go_of_the_gil_around_the_kernel_from_its_threshold(
         assert calls == expected
 
 
-def test_the_short_paths_results_are_copies_of_views_kept_by_length(gpt2_files, tiktoken_gpt2):
-    # The short path's result is a copy of its first w ids, taken from a view of the thread's
-    # buffer made once per w (`encode.IdViews`): each result is its own array, which later calls
-    # do not change, in every dtype; views of more than `_KEPT_VIEWS` ids are not kept.
+def test_the_short_paths_results_are_its_own_and_views_are_kept_by_length(gpt2_files,
+                                                                           tiktoken_gpt2):
+    # The short path's result is made by its call (uint16, uint32, a list) or copied from a view
+    # of the thread's buffer made once per w (`encode.IdViews`, other dtypes): each result is
+    # its own, which later calls do not change; views of more than `_KEPT_VIEWS` ids are not
+    # kept.
     tokenizer, state = tokenizer_with_short_path(gpt2_files)
     first, second = " one two three", " four five six"
     assert len(tiktoken_gpt2.encode(first)) == len(tiktoken_gpt2.encode(second)) == 3
@@ -1237,12 +1259,11 @@ def test_the_short_paths_results_are_copies_of_views_kept_by_length(gpt2_files, 
         expected = tiktoken_gpt2.encode(text)
         assert u16.tolist() == u32.tolist() == ids == i64.tolist() == expected
         assert u16.base is None and u32.base is None and i64.base is None
-    for views in (state.text_ids, state.text_ids_uint16, state.text_ids_uint32):
-        assert 3 in views and np.shares_memory(views[3], state.out)
+    assert 3 in state.text_ids and np.shares_memory(state.text_ids[3], state.out)
     long_text = "x " * (encode._KEPT_VIEWS + 10)
-    ids = tokenizer.encode_to_numpy(long_text)
+    ids = tokenizer.encode_to_numpy(long_text, np.int64)
     assert ids.tolist() == tiktoken_gpt2.encode(long_text)
-    assert len(ids) > encode._KEPT_VIEWS and len(ids) not in state.text_ids_uint16
+    assert len(ids) > encode._KEPT_VIEWS and len(ids) not in state.text_ids
 
 
 @settings(max_examples=100)
