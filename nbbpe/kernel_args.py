@@ -270,9 +270,8 @@ def new_array_address() -> int | None:
             from numpy._core import _multiarray_umath
         except ImportError:  # NumPy 1
             from numpy.core import _multiarray_umath
-        get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-        get_pointer.restype = ctypes.c_void_p
-        get_pointer.argtypes = (ctypes.py_object, ctypes.c_char_p)
+        get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+            ("PyCapsule_GetPointer", ctypes.pythonapi))  # a prototype of its own: none set globally
         table = get_pointer(_multiarray_umath._ARRAY_API, None)
         function = ctypes.c_void_p.from_address(table + 8 * _PYARRAY_NEW_INDEX).value
         for dtype in (np.uint16, np.uint32):
@@ -283,7 +282,7 @@ def new_array_address() -> int | None:
                     and array.flags.c_contiguous):
                 return None
         return function
-    except Exception:  # another NumPy, laid out otherwise
+    except Exception:  # no such table here (the index is NumPy's ABI, which NumPy keeps)
         return None
 
 

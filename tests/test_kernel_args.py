@@ -213,3 +213,29 @@ def test_copy_bytes_copies_that_many_bytes_and_no_more():
     assert bytes(to) == b"abcde" + bytes([7] * 7)
     _copy_into(to, b"xyz", 0)
     assert bytes(to[:5]) == b"abcde"
+
+
+def test_new_array_address_is_numpys_pyarray_new_or_none(monkeypatch):
+    # The short path makes its result arrays with NumPy's `PyArray_New`, found in NumPy's C API
+    # table: called at that address, it makes a fresh, writable one-dimensional array of the
+    # length and type number asked for. Where the table cannot be read, None: the short path is
+    # then not used.
+    import ctypes
+
+    from nbbpe import kernel_args
+
+    at = kernel_args.new_array_address()
+    assert isinstance(at, int) and at != 0
+    new_array = kernel_args._new_array_type(at)
+    for dtype, n in ((np.uint16, 0), (np.uint32, 7), (np.int64, 3)):
+        array = new_array(id(np.ndarray), 1, (ctypes.c_ssize_t * 1)(n), np.dtype(dtype).num,
+                          None, None, 0, 0, None)
+        assert type(array) is np.ndarray and array.shape == (n,) and array.dtype == dtype
+        array[:] = 5
+        assert array.flags.owndata and array.tolist() == [5] * n
+    try:
+        from numpy._core import _multiarray_umath
+    except ImportError:  # NumPy 1
+        from numpy.core import _multiarray_umath
+    monkeypatch.setattr(_multiarray_umath, "_ARRAY_API", "not a capsule")
+    assert kernel_args.new_array_address() is None
