@@ -72,6 +72,17 @@ VARIANTS = {
                     "                    prefetch(cache.slots, 4 * home(cache, np.uint64(hashes[ahead])))\n"
                     "                    j = window[t]\n"))]},
     },
+    "prefetch_nta": {
+        "about": "the window's cache slots prefetched non-temporally (prefetchnta), so that the "
+                 "lookups' lines do not push the merge loop's rank tables out of L2",
+        "names": {"prefetch": lambda: _prefetch_with_locality(0)},
+        "replace": {},
+    },
+    "prefetch_l2": {
+        "about": "the window's cache slots prefetched with locality 2 (prefetcht1)",
+        "names": {"prefetch": lambda: _prefetch_with_locality(2)},
+        "replace": {},
+    },
     "window_128": {
         "about": "windows of at most 64 pre-tokens (128 - a block), not 192",
         "replace": {"encode_documents": [("    window = scratch[:WINDOW]\n", "    window = scratch[:128]\n")]},
@@ -195,6 +206,33 @@ def _scan_prepare(scanner, block_scanner, buf, table, i, stop, ends, cache, keys
 }
 
 
+def _prefetch_with_locality(locality: int):
+    """`encode_tables.prefetch` with another locality hint (3 keeps the line in every cache level,
+    0 asks for it non-temporally: into L1, not left to push other lines out of L2)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    from nbbpe.encode_tables import item_pointer
+
+    @intrinsic
+    def prefetch(typingctx, array, index):
+        def codegen(context, builder, signature, args):
+            address = item_pointer(context, builder, signature, args)
+            byte_pointer = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            hint = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]),
+                "llvm.prefetch.p0")
+            builder.call(hint, [builder.bitcast(address, byte_pointer), i32(0), i32(locality), i32(1)])
+            return context.get_dummy_value()
+
+        return types.void(array, types.intp), codegen
+
+    return prefetch
+
+
 def _source(function) -> str:
     """The source of a compiled function, to be compiled again: not cached (its copy in the
     cache belongs to the original)."""
@@ -225,6 +263,8 @@ def build_kernel(variant: dict):
 
     namespace = dict(vars(encode))
     tables = dict(vars(encode_tables))
+    for name, make in variant.get("names", {}).items():  # globals the variant's lines use
+        namespace[name] = tables[name] = make()
     for name, source in patched_sources(variant).items():
         into = tables if name in TABLE_FUNCTIONS else namespace
         exec(compile(source, f"<variant {name}>", "exec"), into)
