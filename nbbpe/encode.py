@@ -950,7 +950,7 @@ def _short_path(self_object, args, nargs):
         data = 0
         n = 0
         if not TEXT_COUNT <= kind <= TEXT_LIST:
-            pass
+            kind = -1  # none of these (an error set if not an int): None, below
         elif type_of_text == values[STR_TYPE_AT]:  # ASCII: its own characters, no copy, nothing kept
             data = call_c(values[AS_UTF8_AT], (text, base + 8 * SIZE_OUT_AT))
             n = values[SIZE_OUT_AT]
