@@ -214,23 +214,31 @@ def key_of(buf, start, end):
     return np.int64(h0), np.int64(h1), LONG, (h0 ^ h1) * _GOLDEN  # = `_slot_hash`
 
 
-@intrinsic
-def prefetch(typingctx, array, index):
-    """Ask the CPU to bring the cache line of array[index] in: a hint, which neither faults nor
-    waits, so the next reads of the line find it close (LLVM's `llvm.prefetch`)."""
+def prefetch_with_locality(locality: int):
+    """An intrinsic `prefetch(array, index)`: ask the CPU to bring the cache line of
+    array[index] in, a hint which neither faults nor waits, so the next reads of the line find
+    it close (LLVM's `llvm.prefetch`, a read of data, with this locality: 3 keeps the line in
+    every cache level, 0 asks for it non-temporally; scripts/encode_variants.py tries others)."""
 
-    def codegen(context, builder, signature, args):
-        address = item_pointer(context, builder, signature, args)
-        byte_pointer = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        hint = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]),
-            "llvm.prefetch.p0")
-        # a read, kept in all cache levels, of data
-        builder.call(hint, [builder.bitcast(address, byte_pointer), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
+    @intrinsic
+    def prefetch(typingctx, array, index):
+        def codegen(context, builder, signature, args):
+            address = item_pointer(context, builder, signature, args)
+            byte_pointer = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            hint = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]),
+                "llvm.prefetch.p0")
+            builder.call(hint, [builder.bitcast(address, byte_pointer), i32(0), i32(locality),
+                                i32(1)])
+            return context.get_dummy_value()
 
-    return types.void(array, types.intp), codegen
+        return types.void(array, types.intp), codegen
+
+    return prefetch
+
+
+prefetch = prefetch_with_locality(3)  # what the encode pass uses: kept in all cache levels
 
 
 def _int64_array_and_index(array, index) -> bool:

@@ -75,12 +75,12 @@ VARIANTS = {
     "prefetch_nta": {
         "about": "the window's cache slots prefetched non-temporally (prefetchnta), so that the "
                  "lookups' lines do not push the merge loop's rank tables out of L2",
-        "names": {"prefetch": lambda: _prefetch_with_locality(0)},
+        "names": {"prefetch": lambda: _prefetch(0)},
         "replace": {},
     },
     "prefetch_l2": {
         "about": "the window's cache slots prefetched with locality 2 (prefetcht1)",
-        "names": {"prefetch": lambda: _prefetch_with_locality(2)},
+        "names": {"prefetch": lambda: _prefetch(2)},
         "replace": {},
     },
     "window_128": {
@@ -206,31 +206,11 @@ def _scan_prepare(scanner, block_scanner, buf, table, i, stop, ends, cache, keys
 }
 
 
-def _prefetch_with_locality(locality: int):
-    """`encode_tables.prefetch` with another locality hint (3 keeps the line in every cache level,
-    0 asks for it non-temporally: into L1, not left to push other lines out of L2)."""
-    from llvmlite import ir
-    from numba import types
-    from numba.core import cgutils
-    from numba.extending import intrinsic
+def _prefetch(locality: int):
+    """`encode_tables.prefetch` with another locality hint (imported here: Numba loads with it)."""
+    from nbbpe.encode_tables import prefetch_with_locality
 
-    from nbbpe.encode_tables import item_pointer
-
-    @intrinsic
-    def prefetch(typingctx, array, index):
-        def codegen(context, builder, signature, args):
-            address = item_pointer(context, builder, signature, args)
-            byte_pointer = ir.IntType(8).as_pointer()
-            i32 = ir.IntType(32)
-            hint = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]),
-                "llvm.prefetch.p0")
-            builder.call(hint, [builder.bitcast(address, byte_pointer), i32(0), i32(locality), i32(1)])
-            return context.get_dummy_value()
-
-        return types.void(array, types.intp), codegen
-
-    return prefetch
+    return prefetch_with_locality(locality)
 
 
 def _source(function) -> str:
