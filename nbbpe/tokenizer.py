@@ -992,8 +992,10 @@ _AS_UINT16, _AS_UINT32, _AS_LIST = 1, 2, 3
 
 
 def _check_text(text, method: str) -> str:
+    """`text` as a plain `str` (a subclass's value: NumPy's `str_` gave the ids of its UCS-4
+    buffer, read as UTF-8), or a TypeError naming `method`."""
     if isinstance(text, str):
-        return text
+        return str.__str__(text)
     hint = " (decode bytes to str first)" if isinstance(text, (bytes, bytearray)) else ""
     raise TypeError(f"{method} expects a str, got {type(text).__name__}{hint}")
 

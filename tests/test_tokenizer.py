@@ -630,6 +630,21 @@ def test_decode_unknown_ids_raise(gpt2, gpt2_files):
 # --- bad input ------------------------------------------------------------------------------
 
 
+def test_a_str_subclass_is_encoded_as_its_value(gpt2_files, tiktoken_gpt2):
+    # NumPy's `str_` holds its characters as UCS-4 and lends them through the buffer protocol:
+    # one text at a time, its buffer was read as UTF-8 ("Hi" gave the ids of "H\0\0\0i\0\0\0")
+    class Text(str):
+        pass
+
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    for text in ("Hi", "héllo wörld", "Hi" * 40000, " 日本", "Hi"):  # the long way and the short
+        expected = tiktoken_gpt2.encode_ordinary(text)
+        for given in (np.str_(text), Text(text)):
+            assert tokenizer.encode(given) == expected
+            assert tokenizer.encode_to_numpy(given).tolist() == expected
+            assert tokenizer.encode_batch([given, given]) == [expected, expected]
+
+
 def test_encode_rejects_non_strings(gpt2):
     with pytest.raises(TypeError, match=r"encode expects a str, got bytes \(decode bytes"):
         gpt2.encode(b"abc")
