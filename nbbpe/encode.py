@@ -46,6 +46,7 @@ pre-token too long for the scratch space makes the kernel return and ask for mor
 from __future__ import annotations
 
 import functools
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -73,10 +74,11 @@ from .encode_tables import (
     table_at,
     with_room,
 )
-from .kernel_args import (NDARRAY_DATA_OFFSET, OB_TYPE_OFFSET, PackedArrays, array_at, array_from,
-                          c_function_address, call_at, call_c, copy_bytes, fastcall_builtin,
-                          load_word, new_array_address, object_layout_known,
-                          readonly_array_at)
+from .kernel_args import (NDARRAY_DATA_OFFSET, OB_TYPE_OFFSET, STR_ASCII_BIT, STR_LENGTH_OFFSET,
+                          STR_STATE_OFFSET, TUPLE_ITEMS_OFFSET, TUPLE_SIZE_OFFSET, PackedArrays,
+                          address, array_at, array_from, c_function_address, call_at, call_c,
+                          copy_bytes, fastcall_builtin, load_word, new_array_address,
+                          object_layout_known, readonly_array_at)
 from .kernel_cache import cached, cached_cfunc, cfunc_cached, entry_point, native_address
 from .scanners.classes import load8, load_upto8, uindex
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
@@ -928,45 +930,91 @@ def _ids_object(values, base, w, kind):
     return result
 
 
-def _short_path(self_object, args, nargs):
-    """The short path's one call (`DocumentEncoder.encode_text`), compiled as a C function
-    (`short_path_address`) and called as a builtin bound to the thread's packed values
-    (`kernel_args.fastcall_builtin`): call(text, kind), `text` an ASCII `str` (read where it
-    lies) or `bytes` of valid UTF-8. Returns, by `kind`: `TEXT_COUNT`, the number of ids
-    written to the output buffer (int32), or -1; `TEXT_UINT16`, `TEXT_UINT32` or `TEXT_LIST`,
-    the ids as a new uint16 or uint32 array or a list, or None. -1 and None say: encode the
-    text the long way (the kernel stopped, `text` was of another type, or `kind` of none of
-    these). Against the call of a Numba function, which unboxed a `bytes` and the values array
-    and let go of the GIL each time, and a `str.encode` before it: see the README's "What moved
-    encoding". Bound to the values array (`self_object`), it reads their address from it."""
-    base = load_word(self_object + NDARRAY_DATA_OFFSET)
-    values = array_from(base, SHORT_PATH_ITEMS, np.int64)
-    w = -1
-    kind = -1
-    if nargs == 2:
-        kind = call_c(values[AS_SSIZE_AT], (load_word(args + 8),))  # -1 if it is not an int
-        text = load_word(args)
-        type_of_text = load_word(text + OB_TYPE_OFFSET)
-        data = 0
-        n = 0
-        if not TEXT_COUNT <= kind <= TEXT_LIST:
-            kind = -1  # none of these (an error set if not an int): None, below
-        elif type_of_text == values[STR_TYPE_AT]:  # ASCII: its own characters, no copy, nothing kept
-            data = call_c(values[AS_UTF8_AT], (text, base + 8 * SIZE_OUT_AT))
+@njit(inline="always")  # into `_short_path`
+def _encode_text_object(values, base, text, own):
+    """Encode the text object at address `text` (`_encode_text_at`): for the thread's call, an
+    ASCII `str` (read where it lies) or `bytes` of valid UTF-8; for a tokenizer's own call
+    (`own`), a `str` only (the methods refuse `bytes`), of any characters: if not ASCII, made
+    UTF-8 first (a new `bytes`, as `str.encode` makes it). Returns the number of ids, or -1:
+    another type, a text too long for the output buffer, or one the kernel stopped in (then
+    encode it the long way), with no exception left set."""
+    type_of_text = load_word(text + OB_TYPE_OFFSET)
+    room = values[OUT_AT + 1] - SPARE_IDS  # the ids of a shorter text fit
+    data = 0
+    n = 0
+    made = 0
+    if type_of_text == values[STR_TYPE_AT]:
+        if not own or load_word(text + STR_STATE_OFFSET) & STR_ASCII_BIT:
+            data = call_c(values[AS_UTF8_AT], (text, base + 8 * SIZE_OUT_AT))  # no copy
             n = values[SIZE_OUT_AT]
-        elif type_of_text == values[BYTES_TYPE_AT]:
-            data = call_c(values[BYTES_DATA_AT], (text,))
-            n = call_c(values[BYTES_SIZE_AT], (text,))
-        if data == 0:  # another type or kind, or a str CPython could not give as UTF-8
-            call_c(values[ERR_CLEAR_AT], ())
-        else:
-            w = _encode_text_at(data, n, values)
-    if kind == TEXT_COUNT:
-        return call_c(values[NEW_INT_AT], (w,))
-    if w >= 0:
-        return _ids_object(values, base, w, kind)
-    call_c(values[INCREF_AT], (values[NONE_AT],))
-    return values[NONE_AT]
+        elif load_word(text + STR_LENGTH_OFFSET) < room:  # (else longer in UTF-8 too)
+            made = call_c(values[AS_UTF8_STRING_AT], (text,))  # 0 for a lone surrogate
+            if made != 0:
+                data = call_c(values[BYTES_DATA_AT], (made,))
+                n = call_c(values[BYTES_SIZE_AT], (made,))
+    elif type_of_text == values[BYTES_TYPE_AT] and not own:
+        data = call_c(values[BYTES_DATA_AT], (text,))
+        n = call_c(values[BYTES_SIZE_AT], (text,))
+    w = -1
+    if data == 0:  # another type, or a str CPython could not give as UTF-8
+        call_c(values[ERR_CLEAR_AT], ())
+    elif n < room:
+        w = _encode_text_at(data, n, values)
+    if made != 0:
+        call_c(values[DECREF_AT], (made,))
+    return w
+
+
+def _short_path(self_object, args, nargs, kwnames):
+    """The short path's one call, compiled as a C function (`short_path_address`) and called
+    as a builtin (`kernel_args.fastcall_builtin`) bound to a tuple, in one of two ways:
+
+    - `(values,)`, a thread's packed values: the thread's call (`ThreadState.text_call`),
+      call(text, kind), `text` an ASCII `str` (read where it lies) or `bytes` of valid UTF-8.
+      Returns, by `kind`: `TEXT_COUNT`, the number of ids written to the output buffer (int32),
+      or -1; `TEXT_UINT16`, `TEXT_UINT32` or `TEXT_LIST`, the ids as a new uint16 or uint32
+      array or a list, or None. -1 and None say: encode the text the long way (the kernel
+      stopped, `text` was of another type, or `kind` of none of these).
+    - `(entry, fallback, state)`: a tokenizer's own `encode` or `encode_to_numpy`
+      (`DocumentEncoder.own_call`). Called with one `str` (of any characters) from the thread
+      that made it, while that thread's short path is ready, it returns the ids as its entry's
+      kind, as the thread's call above; any other call, or a text the kernel stopped in (then
+      run again by the method: rare, a cache that filled), is `fallback`'s (the method it
+      stands for, bound), with the same arguments. So a short text costs no Python at all
+      (~0.25 us of 0.45 for "Hi!" through the method).
+
+    Against the call of a Numba function, which unboxed a `bytes` and the values array and let
+    go of the GIL each time, and a `str.encode` before it: see the README's "What moved
+    encoding". The values' address is read from the array in the tuple."""
+    first = load_word(self_object + TUPLE_ITEMS_OFFSET)
+    if load_word(self_object + TUPLE_SIZE_OFFSET) == 1:  # the thread's call
+        base = load_word(first + NDARRAY_DATA_OFFSET)
+        values = array_from(base, SHORT_PATH_ITEMS, np.int64)
+        w = -1
+        kind = -1
+        if nargs == 2 and kwnames == 0:
+            kind = call_c(values[AS_SSIZE_AT], (load_word(args + 8),))  # -1 if it is not an int
+            if TEXT_COUNT <= kind <= TEXT_LIST:
+                w = _encode_text_object(values, base, load_word(args), False)
+            else:  # none of these (an error set if not an int): None, below
+                kind = -1
+                call_c(values[ERR_CLEAR_AT], ())
+        if kind == TEXT_COUNT:
+            return call_c(values[NEW_INT_AT], (w,))
+        if w >= 0:
+            return _ids_object(values, base, w, kind)
+        call_c(values[INCREF_AT], (values[NONE_AT],))
+        return values[NONE_AT]
+    entry = array_from(load_word(first + NDARRAY_DATA_OFFSET), OWN_CALL_ITEMS, np.int64)
+    base = entry[OWN_VALUES]  # 0 while the thread's short path is not ready
+    if (base != 0 and nargs == 1 and kwnames == 0
+            and call_c(entry[OWN_THREAD_IDENT], ()) == entry[OWN_THREAD]):
+        values = array_from(base, SHORT_PATH_ITEMS, np.int64)
+        w = _encode_text_object(values, base, load_word(args), True)
+        if w >= 0:
+            return _ids_object(values, base, w, entry[OWN_KIND])
+    fallback = load_word(self_object + TUPLE_ITEMS_OFFSET + 8)
+    return call_c(entry[OWN_VECTORCALL], (fallback, args, nargs, kwnames))
 
 
 # What the short path's call returns (`_short_path`'s `kind`).
@@ -977,16 +1025,21 @@ TEXT_COUNT, TEXT_UINT16, TEXT_UINT32, TEXT_LIST = range(4)
 # addresses in this process, since the compiled code is cached, and holds none) and the
 # objects it tells apart or makes (`short_path_values`), a slot for a size the C API returns
 # and one for the length of an array it makes.
-SHORT_PATH_FUNCTIONS = ("PyUnicode_AsUTF8AndSize", "PyBytes_AsString", "PyBytes_Size",
-                        "PyErr_Clear", "PyLong_FromSsize_t", "PyLong_AsSsize_t", "PyList_New",
-                        "PyList_SetItem", "Py_IncRef", "Py_DecRef", "PyEval_SaveThread",
-                        "PyEval_RestoreThread")
-(KERNEL_AT, AS_UTF8_AT, BYTES_DATA_AT, BYTES_SIZE_AT, ERR_CLEAR_AT, NEW_INT_AT, AS_SSIZE_AT,
- LIST_NEW_AT, LIST_SET_AT, INCREF_AT, DECREF_AT, SAVE_THREAD_AT, RESTORE_THREAD_AT, ARRAY_NEW_AT,
- STR_TYPE_AT, BYTES_TYPE_AT, NDARRAY_TYPE_AT, NONE_AT, UINT16_NUM_AT, UINT32_NUM_AT,
+SHORT_PATH_FUNCTIONS = ("PyUnicode_AsUTF8AndSize", "PyUnicode_AsUTF8String", "PyBytes_AsString",
+                        "PyBytes_Size", "PyErr_Clear", "PyLong_FromSsize_t", "PyLong_AsSsize_t",
+                        "PyList_New", "PyList_SetItem", "Py_IncRef", "Py_DecRef",
+                        "PyEval_SaveThread", "PyEval_RestoreThread")
+(KERNEL_AT, AS_UTF8_AT, AS_UTF8_STRING_AT, BYTES_DATA_AT, BYTES_SIZE_AT, ERR_CLEAR_AT, NEW_INT_AT,
+ AS_SSIZE_AT, LIST_NEW_AT, LIST_SET_AT, INCREF_AT, DECREF_AT, SAVE_THREAD_AT, RESTORE_THREAD_AT,
+ ARRAY_NEW_AT, STR_TYPE_AT, BYTES_TYPE_AT, NDARRAY_TYPE_AT, NONE_AT, UINT16_NUM_AT, UINT32_NUM_AT,
  RELEASE_GIL_FROM_AT, SIZE_OUT_AT, DIMS_AT, SHORT_PATH_ITEMS) = range(
-    TEXT_BUFFER_AT + 2, TEXT_BUFFER_AT + 26)
-_SHORT_PATH_SIGNATURE = types.int64(types.int64, types.int64, types.int64)  # METH_FASTCALL's
+    TEXT_BUFFER_AT + 2, TEXT_BUFFER_AT + 27)
+# What a tokenizer's own call (`own_call`) holds in its entry array: the address of its thread's
+# packed values (0 while there are none), the thread (`threading.get_ident`), the kind of its
+# result, and the addresses of `PyThread_get_thread_ident` and `PyObject_Vectorcall`.
+(OWN_VALUES, OWN_THREAD, OWN_KIND, OWN_THREAD_IDENT, OWN_VECTORCALL, OWN_CALL_ITEMS) = range(6)
+# METH_FASTCALL | METH_KEYWORDS's C signature
+_SHORT_PATH_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)
 # A text of this many bytes or more lets go of the GIL while the kernel runs (other threads
 # run meanwhile); a shorter one keeps it: letting go and taking it again costs ~50-80 ns, and
 # the kernel takes less than a microsecond on less than this.
@@ -1263,8 +1316,10 @@ class ThreadState:
         self.doc_out_end = np.empty(1, dtype=np.int64)
         # The short path: its call, `text_call(text, kind)` (`_short_path`, bound to its
         # packed arguments, the text left out: `text_args`), and the bytes of text it has room
-        # for (fewer than `text_room`).
+        # for (fewer than `text_room`). Set through `set_text_call`, which tells the
+        # tokenizer's own calls made for this thread (`own_call`: their entries).
         self.text_call = None
+        self.own_entries: list[np.ndarray] = []
         self.text_args: PackedArrays | None = None
         self.text_room = 0
         # Its ids out[:w] (int32) by w, as views made once (`IdViews`), for `TEXT_COUNT`.
@@ -1282,8 +1337,8 @@ class ThreadState:
         return when it is full, and are called again)."""
         items = min(items, _OUT_ITEMS) + SPARE_IDS  # see `copy_short_ids`
         if len(self.out) < items:
+            self.set_text_call(None)  # its arguments hold the old buffer
             self.out = np.empty(max(items, 2 * len(self.out)), dtype=np.int32)
-            self.text_call = None  # its arguments hold the old buffer
         return self.out
 
     def utf8_room(self, items: int) -> np.ndarray:
@@ -1297,7 +1352,23 @@ class ThreadState:
         """A kernel found `full`, the cache's table it had, full: let the cache grow
         (`SharedCache.make_room`), and take up its table."""
         self.cache.make_room(full)
-        self.text_call = None  # its arguments hold the old table
+        self.set_text_call(None)  # its arguments hold the old table
+
+    def set_text_call(self, call) -> None:
+        """Make `call` the short path's call (None: there is none), bound to `text_args`; the
+        tokenizer's own calls for this thread read the values it is bound to from then on."""
+        self.text_call = call
+        for entry in self.own_entries:
+            self._tell(entry)
+
+    def add_own_entry(self, entry: np.ndarray) -> None:
+        """Tell `entry` (an own call's, `DocumentEncoder.own_call`) what `set_text_call` sets,
+        from now on."""
+        self.own_entries.append(entry)
+        self._tell(entry)
+
+    def _tell(self, entry: np.ndarray) -> None:
+        entry[OWN_VALUES] = 0 if self.text_call is None else address(self.text_args.values)
 
 
 class IdViews(dict):
@@ -1424,7 +1495,7 @@ class DocumentEncoder:
                 and state.text_holds[1] is cache):
             return  # ready as it is (packing took 65-85 us, 13% of a text of 100k characters)
         address, kernel = self._text_entry
-        state.text_call = None  # its values hold the arrays packed before, let go of here
+        state.set_text_call(None)  # its values hold the arrays packed before, let go of here
         state.text_args = pack_encode_args(_NO_TEXT, table, state.doc_end, state.doc_out_end,
                                            state.scratch, out, specials, ranks, cache,
                                            state.text_buffer, short_path_values(kernel))
@@ -1432,7 +1503,20 @@ class DocumentEncoder:
         state.text_room = len(out) - SPARE_IDS  # the ids of a shorter text fit
         state.text_ids = IdViews(out)
         # bound to the values (which it holds), from which it reads the arrays' addresses
-        state.text_call = fastcall_builtin(address, state.text_args.values, "encode_text")
+        state.set_text_call(fastcall_builtin(address, (state.text_args.values,), "encode_text"))
+
+    def own_call(self, state: ThreadState, kind: int, fallback, name: str, doc: str):
+        """A tokenizer's own `encode` or `encode_to_numpy` for one text (see `_short_path`): a
+        builtin that, called with one text from this thread, takes `state`'s short path
+        (which must be ready: `_ready_text_call`) and returns the ids as `kind`, with no Python
+        between; any other call is `fallback`'s (the method, bound), as it would have been."""
+        entry = np.zeros(OWN_CALL_ITEMS, dtype=np.int64)
+        entry[OWN_THREAD] = threading.get_ident()
+        entry[OWN_KIND] = kind
+        entry[OWN_THREAD_IDENT] = c_function_address("PyThread_get_thread_ident")
+        entry[OWN_VECTORCALL] = c_function_address("PyObject_Vectorcall")
+        state.add_own_entry(entry)
+        return fastcall_builtin(self._text_entry[0], (entry, fallback, state), name, doc)
 
     def _text_call(self):
         """(`_short_path`'s address, the kernel's address), compiled or loaded; False if this

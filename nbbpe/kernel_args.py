@@ -194,15 +194,21 @@ def call_at(signature):
 # Numba's entry point for a compiled function is a builtin that takes a tuple of arguments and
 # unboxes each (a `bytes` through the buffer protocol and a MemInfo, an array through another
 # MemInfo), and a text had to become `bytes` first: for a short text that is most of what a call
-# costs. A Numba `cfunc` of the C signature of a METH_FASTCALL method, `PyObject *f(PyObject
-# *self, PyObject *const *args, Py_ssize_t nargs)` (every pointer an int64 here), wrapped in a
-# builtin function object by `fastcall_builtin`, receives the objects as they are: it reads
-# what it needs through CPython's C API, whose functions it calls by address (`call_c`;
-# addresses of this process, handed over in its packed values, never compiled into cached
-# code). Only two facts of object layout are used, and `object_layout_known` checks both.
+# costs. A Numba `cfunc` of the C signature of a METH_FASTCALL | METH_KEYWORDS method,
+# `PyObject *f(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)`
+# (every pointer an int64 here), wrapped in a builtin function object by `fastcall_builtin`,
+# receives the objects as they are: it reads what it needs through CPython's C API, whose
+# functions it calls by address (`call_c`; addresses of this process, handed over in its packed
+# values, never compiled into cached code). The few facts of object layout it reads directly
+# are below, and `object_layout_known` checks each.
 
 OB_TYPE_OFFSET = 8  # PyObject: its reference count, then its type
 NDARRAY_DATA_OFFSET = 16  # PyArrayObject: PyObject's head, then the data pointer
+TUPLE_SIZE_OFFSET = 16  # PyTupleObject: PyObject's head, its size, then its items
+TUPLE_ITEMS_OFFSET = 24
+STR_LENGTH_OFFSET = 16  # PyASCIIObject: PyObject's head, its length in characters, its hash,
+STR_STATE_OFFSET = 32  # then its state bits: interned (2), kind (3), compact (1), ascii (1)
+STR_ASCII_BIT = 1 << 6
 
 
 @intrinsic
@@ -245,12 +251,25 @@ def c_function_address(name: str) -> int:
 
 
 def object_layout_known() -> bool:
-    """Whether objects here are laid out as `OB_TYPE_OFFSET` and `NDARRAY_DATA_OFFSET` say (a
-    CPython of the usual build: not a debug build that traces references)."""
+    """Whether objects here are laid out as the offsets above say (a CPython of the usual
+    build: not a debug build that traces references, nor a free-threaded one)."""
     array = np.zeros(1, dtype=np.int64)
-    return (ctypes.c_void_p.from_address(id("x") + OB_TYPE_OFFSET).value == id(str)
-            and ctypes.c_void_p.from_address(id(array) + NDARRAY_DATA_OFFSET).value
-            == address(array))
+    pair = (array, "x")
+
+    def word(at: int) -> int:
+        return ctypes.c_int64.from_address(at).value
+
+    def ascii_bit(text: str) -> bool:
+        return bool(word(id(text) + STR_STATE_OFFSET) & STR_ASCII_BIT)
+
+    return (word(id("x") + OB_TYPE_OFFSET) == id(str)
+            and word(id(array) + NDARRAY_DATA_OFFSET) == address(array)
+            and word(id(pair) + TUPLE_SIZE_OFFSET) == 2
+            and word(id(pair) + TUPLE_ITEMS_OFFSET) == id(array)
+            and word(id(pair) + TUPLE_ITEMS_OFFSET + 8) == id("x")
+            and all(word(id(text) + STR_LENGTH_OFFSET) == len(text)
+                    and ascii_bit(text) == text.isascii()
+                    for text in ("Hi!", "é" * 5, "日本" + "x" * 40, "😀" * 3, "a" * 200)))
 
 
 # `PyArray_New(subtype, nd, dims, type_num, strides, data, itemsize, flags, obj)`: entry 93 of
@@ -291,19 +310,24 @@ class _PyMethodDef(ctypes.Structure):
                 ("ml_flags", ctypes.c_int), ("ml_doc", ctypes.c_char_p)]
 
 
-_METH_FASTCALL = 0x0080
-_method_defs: dict = {}  # address -> its PyMethodDef, alive as long as the process
+_METH_FASTCALL_KEYWORDS = 0x0080 | 0x0002  # METH_FASTCALL | METH_KEYWORDS
+_method_defs: dict = {}  # (address, name, doc) -> its PyMethodDef, alive as long as the process
 _new_function = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.py_object,
                                   ctypes.c_void_p)(("PyCFunction_NewEx", ctypes.pythonapi))
 
 
-def fastcall_builtin(function_address: int, self_object, name: str = "call"):
+def fastcall_builtin(function_address: int, self_object, name: str = "call",
+                     doc: str | None = None):
     """A builtin function object calling the C function at `function_address` as a
-    METH_FASTCALL method bound to `self_object` (which it holds): f(*args) calls it with
-    `self_object`, the arguments as an array of object pointers, and their number. The
-    function must return a new reference, or NULL with an exception set."""
-    method = _method_defs.get(function_address)
+    METH_FASTCALL | METH_KEYWORDS method bound to `self_object` (which it holds): f(*args,
+    **kwargs) calls it with `self_object`, the arguments as an array of object pointers, the
+    number of positional ones, and the keywords' names (a tuple, or NULL if none). The
+    function must return a new reference, or NULL with an exception set. `doc` is its
+    `__doc__` (a first line `name($self, ...)` and `--` give its signature)."""
+    key = (function_address, name, doc)
+    method = _method_defs.get(key)
     if method is None:  # CPython keeps a pointer to it in every function object made from it
-        method = _method_defs[function_address] = _PyMethodDef(
-            name.encode(), function_address, _METH_FASTCALL, None)
+        method = _method_defs[key] = _PyMethodDef(
+            name.encode(), function_address, _METH_FASTCALL_KEYWORDS,
+            None if doc is None else doc.encode())
     return _new_function(ctypes.byref(method), self_object, None)

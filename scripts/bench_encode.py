@@ -162,6 +162,7 @@ def run_child(spec: dict) -> dict:
     t0 = time.perf_counter()
     encode(bench_peers.WARM_UP)
     warmup_s = time.perf_counter() - t0
+    encoder.warmed_up()
     base_rss = _current_rss()
     digest = None if spec["tool"] == YARDSTICK else IdsDigest()
     timed = encode_corpus(encode, spec, digest)

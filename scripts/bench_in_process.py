@@ -53,6 +53,7 @@ def one_round(tools: list[str], docs: list[str], api: str = "one") -> dict:
         encoder = bench_peers.build(name, "gpt2", 1)
         for doc in bench_peers.WARM_UP:  # load (or compile) what the first call needs
             encoder.one(doc)
+        encoder.warmed_up()
         if api == "whole":
             timed = []
             for _ in range(2):  # cold, then warm, each on a str made anew

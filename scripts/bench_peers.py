@@ -66,6 +66,19 @@ class Encoder:
     batch: Callable[[list[str]], object] | None
     one_api: str
     batch_api: str
+    # The one-text call as `tok.method(doc)` finds it at the time of the call, for a tool whose
+    # instance replaces its method once warmed up (nbbpe's own calls, from the short path's
+    # first text on: `Tokenizer._make_own_calls`).
+    look_up_one: Callable[[], Callable[[str], object]] | None = None
+
+    def __post_init__(self):
+        self._built_one = self.one
+
+    def warmed_up(self) -> None:
+        """Call after the warm-up: `one` is then what `tok.method(doc)` calls from now on
+        (unless the caller has put something else in its place, e.g. a wrapper)."""
+        if self.look_up_one is not None and self.one is self._built_one:
+            self.one = self.look_up_one()
 
 
 def tool_available(name: str) -> bool:
@@ -179,7 +192,8 @@ def _nbbpe(encoding: str, threads: int, *, numpy: bool = True, pretokenizer: str
         batch = lambda docs: list(pool.map(one, docs))  # noqa: E731
         batch_api = (f"list(ThreadPoolExecutor({threads}).map(tok.{one_name}, docs)) "
                      f"[fallback: this nbbpe has no {batch_name}]")
-    return Encoder(one, batch, f"tok.{one_name}(doc){option_text}", batch_api)
+    return Encoder(one, batch, f"tok.{one_name}(doc){option_text}", batch_api,
+                   lambda: getattr(tok, one_name))
 
 
 def _tiktoken(encoding: str, threads: int) -> Encoder:
