@@ -74,10 +74,10 @@ from .encode_tables import (
     table_at,
     with_room,
 )
-from .kernel_args import (NDARRAY_DATA_OFFSET, OB_TYPE_OFFSET, STR_ASCII_BIT, STR_LENGTH_OFFSET,
+from .kernel_args import (LIST_ITEMS_OFFSET, NDARRAY_DATA_OFFSET, OB_TYPE_OFFSET, STR_ASCII_BIT, STR_LENGTH_OFFSET,
                           STR_STATE_OFFSET, TUPLE_ITEMS_OFFSET, TUPLE_SIZE_OFFSET, PackedArrays,
                           address, array_at, array_from, c_function_address, call_at, call_c,
-                          copy_bytes, fastcall_builtin, load_word, new_array_address,
+                          copy_bytes, fastcall_builtin, load_int, load_word, new_array_address,
                           object_layout_known, readonly_array_at)
 from .kernel_cache import cached, cached_cfunc, cfunc_cached, entry_point, native_address
 from .scanners.classes import load8, load_upto8, uindex
@@ -902,16 +902,16 @@ def _ids_object(values, base, w, kind):
     Made here, not from a view of the buffer in Python: `view[:w].copy()` took ~0.2 us of a
     ~0.65 us call on a short text, `PyArray_New` and a loop take less than half of that."""
     ids = array_at(values, OUT_AT, np.int32)
-    if kind == TEXT_LIST:
+    if kind == TEXT_LIST:  # of the ints of `int_objects`, one more reference each
         result = call_c(values[LIST_NEW_AT], (w,))
         if result == 0:
             return 0
+        items = array_from(load_word(result + LIST_ITEMS_OFFSET), w, np.int64)
+        ints = array_from(values[INT_ITEMS_AT], values[INT_COUNT_AT], np.int64)
         for k in range(w):
-            item = call_c(values[NEW_INT_AT], (np.int64(ids[uindex(k)]),))
-            if item == 0:
-                call_c(values[DECREF_AT], (result,))
-                return 0
-            call_c(values[LIST_SET_AT], (result, k, item))  # it takes `item`'s reference
+            item = ints[uindex(ids[uindex(k)])]
+            call_c(values[INCREF_AT], (item,))
+            items[uindex(k)] = item  # as PyList_SET_ITEM puts it
         return result
     wide = kind == TEXT_UINT32
     values[DIMS_AT] = w  # the array's one dimension, read from its address
@@ -1023,17 +1023,18 @@ TEXT_COUNT, TEXT_UINT16, TEXT_UINT32, TEXT_LIST = range(4)
 # What `_short_path` reads after the short path's text buffer in the packed values: the
 # kernel's address, the C API functions it calls (CPython's and NumPy's `PyArray_New`: their
 # addresses in this process, since the compiled code is cached, and holds none) and the
-# objects it tells apart or makes (`short_path_values`), a slot for a size the C API returns
-# and one for the length of an array it makes.
+# objects it tells apart or makes (`short_path_values`), where the items of `int_objects` are
+# and how many, a slot for a size the C API returns and one for the length of an array it
+# makes.
 SHORT_PATH_FUNCTIONS = ("PyUnicode_AsUTF8AndSize", "PyUnicode_AsUTF8String", "PyBytes_AsString",
                         "PyBytes_Size", "PyErr_Clear", "PyLong_FromSsize_t", "PyLong_AsSsize_t",
-                        "PyList_New", "PyList_SetItem", "Py_IncRef", "Py_DecRef",
-                        "PyEval_SaveThread", "PyEval_RestoreThread")
+                        "PyList_New", "Py_IncRef", "Py_DecRef", "PyEval_SaveThread",
+                        "PyEval_RestoreThread")
 (KERNEL_AT, AS_UTF8_AT, AS_UTF8_STRING_AT, BYTES_DATA_AT, BYTES_SIZE_AT, ERR_CLEAR_AT, NEW_INT_AT,
- AS_SSIZE_AT, LIST_NEW_AT, LIST_SET_AT, INCREF_AT, DECREF_AT, SAVE_THREAD_AT, RESTORE_THREAD_AT,
+ AS_SSIZE_AT, LIST_NEW_AT, INCREF_AT, DECREF_AT, SAVE_THREAD_AT, RESTORE_THREAD_AT,
  ARRAY_NEW_AT, STR_TYPE_AT, BYTES_TYPE_AT, NDARRAY_TYPE_AT, NONE_AT, UINT16_NUM_AT, UINT32_NUM_AT,
- RELEASE_GIL_FROM_AT, SIZE_OUT_AT, DIMS_AT, SHORT_PATH_ITEMS) = range(
-    TEXT_BUFFER_AT + 2, TEXT_BUFFER_AT + 27)
+ INT_ITEMS_AT, INT_COUNT_AT, RELEASE_GIL_FROM_AT, SIZE_OUT_AT, DIMS_AT, SHORT_PATH_ITEMS) = range(
+    TEXT_BUFFER_AT + 2, TEXT_BUFFER_AT + 28)
 # What a tokenizer's own call (`own_call`) holds in its entry array: the address of its thread's
 # packed values (0 while there are none), the thread (`threading.get_ident`), the kind of its
 # result, and the addresses of `PyThread_get_thread_ident` and `PyObject_Vectorcall`.
@@ -1046,11 +1047,28 @@ _SHORT_PATH_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types
 RELEASE_GIL_FROM = 256
 
 
-def short_path_values(kernel: int) -> tuple:
-    """The ints `_short_path` reads after the text buffer, for the kernel at `kernel`."""
+def short_path_values(kernel: int, ints: list) -> tuple:
+    """The ints `_short_path` reads after the text buffer, for the kernel at `kernel`, making
+    lists of `ints[id]` (`int_objects`)."""
     return ((kernel,) + _c_api_addresses()
             + (id(str), id(bytes), id(np.ndarray), id(None), np.dtype(np.uint16).num,
-               np.dtype(np.uint32).num, RELEASE_GIL_FROM, 0, 0))
+               np.dtype(np.uint32).num, load_int(id(ints) + LIST_ITEMS_OFFSET), len(ints),
+               RELEASE_GIL_FROM, 0, 0))
+
+
+_int_objects: dict[int, list] = {}
+
+
+def int_objects(n: int) -> list:
+    """The list of ints 0 .. n - 1, for the process, never changed (the short path reads its
+    items where they are; tokenizers with as many ids share it): a list of ids is made of
+    these ints, each one more reference, rather than of new ones (an int of more than 256 is a
+    new object each time CPython makes one: TinyStories' document of 843 bytes took 4.7 us as a
+    list, 1.7 as an array)."""
+    ints = _int_objects.get(n)
+    if ints is None:
+        ints = _int_objects[n] = list(range(n))
+    return ints
 
 
 @functools.cache  # the same for the process: not looked up again each time a thread repacks
@@ -1432,9 +1450,11 @@ class DocumentEncoder:
     first call: its arguments, the packed arrays (`pack_encode_args`) and four ints, are always
     of the same types."""
 
-    def __init__(self, kernel, class_table, specials: Specials, ranks: Ranks, vocab: Table):
+    def __init__(self, kernel, class_table, specials: Specials, ranks: Ranks, vocab: Table,
+                 n_ids: int):
         self.kernel = kernel
         self.tables = (class_table, specials, ranks, vocab)
+        self.n_ids = n_ids  # ids are below it: the ints a list of ids is made of (`int_objects`)
         self._entry = None
         # The short path's (`_short_path`'s address, the kernel's address); False if there is
         # none; None before a first text, `_AFTER_FIRST_TEXT` after it.
@@ -1498,7 +1518,8 @@ class DocumentEncoder:
         state.set_text_call(None)  # its values hold the arrays packed before, let go of here
         state.text_args = pack_encode_args(_NO_TEXT, table, state.doc_end, state.doc_out_end,
                                            state.scratch, out, specials, ranks, cache,
-                                           state.text_buffer, short_path_values(kernel))
+                                           state.text_buffer,
+                                           short_path_values(kernel, int_objects(self.n_ids)))
         state.text_holds = (out, cache)
         state.text_room = len(out) - SPARE_IDS  # the ids of a shorter text fit
         state.text_ids = IdViews(out)

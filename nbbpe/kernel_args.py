@@ -206,6 +206,7 @@ OB_TYPE_OFFSET = 8  # PyObject: its reference count, then its type
 NDARRAY_DATA_OFFSET = 16  # PyArrayObject: PyObject's head, then the data pointer
 TUPLE_SIZE_OFFSET = 16  # PyTupleObject: PyObject's head, its size, then its items
 TUPLE_ITEMS_OFFSET = 24
+LIST_ITEMS_OFFSET = 24  # PyListObject: PyObject's head, its size, then its items' address
 STR_LENGTH_OFFSET = 16  # PyASCIIObject: PyObject's head, its length in characters, its hash,
 STR_STATE_OFFSET = 32  # then its state bits: interned (2), kind (3), compact (1), ascii (1)
 STR_ASCII_BIT = 1 << 6
@@ -250,14 +251,20 @@ def c_function_address(name: str) -> int:
     return ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value
 
 
+def load_int(at: int) -> int:
+    """The int64 at address `at`, read from Python."""
+    return ctypes.c_int64.from_address(at).value
+
+
 def object_layout_known() -> bool:
     """Whether objects here are laid out as the offsets above say (a CPython of the usual
     build: not a debug build that traces references, nor a free-threaded one)."""
     array = np.zeros(1, dtype=np.int64)
     pair = (array, "x")
+    listed = [1000, 1001]
 
     def word(at: int) -> int:
-        return ctypes.c_int64.from_address(at).value
+        return load_int(at)
 
     def ascii_bit(text: str) -> bool:
         return bool(word(id(text) + STR_STATE_OFFSET) & STR_ASCII_BIT)
@@ -267,6 +274,7 @@ def object_layout_known() -> bool:
             and word(id(pair) + TUPLE_SIZE_OFFSET) == 2
             and word(id(pair) + TUPLE_ITEMS_OFFSET) == id(array)
             and word(id(pair) + TUPLE_ITEMS_OFFSET + 8) == id("x")
+            and word(word(id(listed) + LIST_ITEMS_OFFSET) + 8) == id(listed[1])
             and all(word(id(text) + STR_LENGTH_OFFSET) == len(text)
                     and ascii_bit(text) == text.isascii()
                     for text in ("Hi!", "é" * 5, "日本" + "x" * 40, "😀" * 3, "a" * 200)))

@@ -948,7 +948,8 @@ class _Engine(NamedTuple):
         documents = None
         if kernel is not None:
             class_table = encode.encoder_for(t._family, mode)[0]
-            documents = encode.DocumentEncoder(kernel, class_table, specials, ranks, vocab_table)
+            documents = encode.DocumentEncoder(kernel, class_table, specials, ranks, vocab_table,
+                                               t.n_vocab)
         encode.load_rare_kernels(ranks, vocab_table)
         return cls(ranks, vocab_table, specials, documents,
                    encode.SharedCache(vocab_table, t._cache_size))

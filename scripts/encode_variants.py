@@ -270,7 +270,8 @@ def compare(corpus: str, kernels: dict, rounds: int) -> dict:
     tok = Tokenizer.from_files(bench_peers.GPT2_VOCAB, bench_peers.GPT2_MERGES, [bench_peers.EOT])
     tok.encode("compiled and loaded")
     tables = tok._get_engine().documents.tables
-    encoders = {name: encode.DocumentEncoder(kernel, *tables) for name, kernel in kernels.items()}
+    encoders = {name: encode.DocumentEncoder(kernel, *tables, tok.n_vocab)
+                for name, kernel in kernels.items()}
     names = list(kernels)
     docs = list(documents(corpus))
     buf = np.frombuffer(b"".join(docs), dtype=np.uint8)

@@ -7,6 +7,7 @@ import copy
 import gc
 import inspect
 import pickle
+import sys
 import threading
 import weakref
 from pathlib import Path
@@ -108,6 +109,23 @@ def test_own_calls_refuse_what_the_methods_refuse(tok):
     with pytest.raises(TypeError, match="dtype"):
         tok.encode_to_numpy("a", np.float32)
     assert tok.encode(np.str_("Hi")) == tok.encode("Hi")  # a str subclass: the method's
+
+
+def test_a_list_of_ids_holds_the_processs_ints_one_more_reference_each(tok, tiktoken_gpt2):
+    # the short path makes a list of the ints of `encode.int_objects` (ids above 256 would be
+    # new objects each time): each one reference more while the list lives, none after
+    ints = encode.int_objects(tok.n_vocab)
+    assert ints == list(range(tok.n_vocab)) and encode.int_objects(tok.n_vocab) is ints
+    text = "Hi! SolidGoldMagikarp " * 20 + EOT
+    expected = tiktoken_gpt2.encode(text, allowed_special="all")
+    assert max(expected) == 50256
+    before = {i: sys.getrefcount(ints[i]) for i in set(expected)}
+    for encode_list in (tok.encode, tok._thread_state().text_call):  # own call, thread's call
+        ids = encode_list(text) if encode_list is tok.encode else encode_list(text, encode.TEXT_LIST)
+        assert ids == expected and all(a is ints[a] for a in ids)
+        assert {i: sys.getrefcount(ints[i]) - ids.count(i) for i in before} == before
+        del ids
+        assert {i: sys.getrefcount(ints[i]) for i in before} == before
 
 
 def test_own_calls_read_as_the_methods(tok):
