@@ -77,8 +77,9 @@ from .encode_tables import (
 from .kernel_args import (LIST_ITEMS_OFFSET, NDARRAY_DATA_OFFSET, OB_TYPE_OFFSET, STR_ASCII_BIT, STR_LENGTH_OFFSET,
                           STR_STATE_OFFSET, TUPLE_ITEMS_OFFSET, TUPLE_SIZE_OFFSET, PackedArrays,
                           address, array_at, array_from, c_function_address, call_at, call_c,
-                          copy_bytes, fastcall_builtin, load_int, load_word, new_array_address,
+                          copy_bytes, fastcall_builtin, load_word, new_array_address,
                           object_layout_known, readonly_array_at)
+from .id_lists import fill_list, int_items, int_objects, id_lists
 from .kernel_cache import cached, cached_cfunc, cfunc_cached, entry_point, native_address
 from .scanners.classes import load8, load_upto8, uindex
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
@@ -906,12 +907,9 @@ def _ids_object(values, base, w, kind):
         result = call_c(values[LIST_NEW_AT], (w,))
         if result == 0:
             return 0
-        items = array_from(load_word(result + LIST_ITEMS_OFFSET), w, np.int64)
-        ints = array_from(values[INT_ITEMS_AT], values[INT_COUNT_AT], np.int64)
-        for k in range(w):
-            item = ints[uindex(ids[uindex(k)])]
-            call_c(values[INCREF_AT], (item,))
-            items[uindex(k)] = item  # as PyList_SET_ITEM puts it
+        fill_list(load_word(result + LIST_ITEMS_OFFSET), ids, 0, w,
+                  array_from(values[INT_ITEMS_AT], values[INT_COUNT_AT], np.int64),
+                  values[INCREF_AT])
         return result
     wide = kind == TEXT_UINT32
     values[DIMS_AT] = w  # the array's one dimension, read from its address
@@ -1052,23 +1050,8 @@ def short_path_values(kernel: int, ints: list) -> tuple:
     lists of `ints[id]` (`int_objects`)."""
     return ((kernel,) + _c_api_addresses()
             + (id(str), id(bytes), id(np.ndarray), id(None), np.dtype(np.uint16).num,
-               np.dtype(np.uint32).num, load_int(id(ints) + LIST_ITEMS_OFFSET), len(ints),
+               np.dtype(np.uint32).num, int_items(ints), len(ints),
                RELEASE_GIL_FROM, 0, 0))
-
-
-_int_objects: dict[int, list] = {}
-
-
-def int_objects(n: int) -> list:
-    """The list of ints 0 .. n - 1, for the process, never changed (the short path reads its
-    items where they are; tokenizers with as many ids share it): a list of ids is made of
-    these ints, each one more reference, rather than of new ones (an int of more than 256 is a
-    new object each time CPython makes one: TinyStories' document of 843 bytes took 4.7 us as a
-    list, 1.7 as an array)."""
-    ints = _int_objects.get(n)
-    if ints is None:
-        ints = _int_objects[n] = list(range(n))
-    return ints
 
 
 @functools.cache  # the same for the process: not looked up again each time a thread repacks
@@ -1493,7 +1476,7 @@ class DocumentEncoder:
         ids = self._run(_frombuffer(data, _UINT8), state.doc_end, -1, state, state.doc_out_end,
                         np.int32 if dtype is None else dtype, room)
         self._ready_text_call(state)
-        return ids.tolist() if dtype is None else ids
+        return id_lists(ids, np.array([0, len(ids)]), self.n_ids)[0] if dtype is None else ids
 
     def _ready_text_call(self, state: ThreadState) -> None:
         """Ready the short path in `state`: pack its arguments (the cache and the output buffer

