@@ -1486,7 +1486,7 @@ class DocumentEncoder:
         may be new), for texts shorter than the output buffer (at least `_TEXT_ROOM` bytes)."""
         if self._text_entry is None:  # a first text
             self._text_entry = _AFTER_FIRST_TEXT
-            if not short_path_cached():  # compiling takes ~0.6 s: not for one text (the
+            if not short_path_cached():  # compiling takes ~0.8 s: not for one text (the
                 return                   # CLI's, a warm-up), so it waits for a second
             # Cached, it loads now: at the second text, loading took 3-8 ms of the first
             # document's encode after a warm-up (a fresh process's pass over web_5M: ~47 ms).
