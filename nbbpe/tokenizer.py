@@ -524,7 +524,7 @@ class Tokenizer:
         token to the next: all of it if it has none. A single str is taken as one chunk.
         """
         for ids in self.encode_iterable_to_numpy(iterable, dtype=np.int64):
-            yield from ids.tolist()
+            yield from self._id_lists(ids, [0, -1])[0]  # the process's ints
 
     def encode_iterable_to_numpy(self, iterable: Iterable[str], dtype=None) -> Iterator[np.ndarray]:
         """Like `encode_iterable`, yielding the ids as arrays of `dtype`, one per block."""
