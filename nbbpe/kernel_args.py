@@ -322,6 +322,7 @@ _METH_FASTCALL_KEYWORDS = 0x0080 | 0x0002  # METH_FASTCALL | METH_KEYWORDS
 _method_defs: dict = {}  # (address, name, doc) -> its PyMethodDef, alive as long as the process
 _new_function = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.py_object,
                                   ctypes.c_void_p)(("PyCFunction_NewEx", ctypes.pythonapi))
+_keep_forever = ctypes.PYFUNCTYPE(None, ctypes.py_object)(("Py_IncRef", ctypes.pythonapi))
 
 
 def fastcall_builtin(function_address: int, self_object, name: str = "call",
@@ -338,4 +339,8 @@ def fastcall_builtin(function_address: int, self_object, name: str = "call",
         method = _method_defs[key] = _PyMethodDef(
             name.encode(), function_address, _METH_FASTCALL_KEYWORDS,
             None if doc is None else doc.encode())
+        # ... and reads it when the function object goes: one may outlive this module's dict
+        # at exit (an own call in a reference cycle, collected last), so the PyMethodDef (and
+        # the strings it holds) is never freed: one reference more, never given back.
+        _keep_forever(ctypes.py_object(method))
     return _new_function(ctypes.byref(method), self_object, None)

@@ -239,3 +239,24 @@ def test_new_array_address_is_numpys_pyarray_new_or_none(monkeypatch):
         from numpy.core import _multiarray_umath
     monkeypatch.setattr(_multiarray_umath, "_ARRAY_API", "not a capsule")
     assert kernel_args.new_array_address() is None
+
+
+def test_a_builtins_method_def_is_never_freed(monkeypatch):
+    # A builtin made by `fastcall_builtin` reads its PyMethodDef when it goes, and an own call
+    # (`Tokenizer.encode`, in a reference cycle) may go at exit after this module's dict has:
+    # so each PyMethodDef is kept for the process (when it was not, a script that used own
+    # calls crashed at exit now and then, once that memory had been used again).
+    from nbbpe import encode, kernel_args
+
+    made = {}
+    monkeypatch.setattr(kernel_args, "_method_defs", made)
+    call = kernel_args.fastcall_builtin(encode.short_path_address(), (np.zeros(1),), "probe",
+                                        "probe($self, text)\n--\n\nA probe.")
+    assert call.__name__ == "probe" and call.__doc__ == "A probe."
+    [method] = made.values()
+    held = weakref.ref(method)
+    made.clear()
+    del method
+    gc.collect()
+    assert held() is not None and held().ml_name == b"probe"
+    assert call.__name__ == "probe"
