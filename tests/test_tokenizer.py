@@ -627,6 +627,25 @@ def test_decode_unknown_ids_raise(gpt2, gpt2_files):
         gpt2.decode(["a"])
 
 
+@settings(max_examples=100)
+@given(st.lists(st.integers(0, 50256), max_size=300))
+def test_short_and_long_decodes_agree(gpt2, ids):
+    # a list or tuple of up to `_DECODE_BY_LOOKUP_UP_TO` ids is decoded by vocab lookups, a
+    # longer one or an array by NumPy: the same bytes either way
+    expected = gpt2.decode_bytes(np.array(ids, dtype=np.int64))
+    assert gpt2.decode_bytes(ids) == gpt2.decode_bytes(tuple(ids)) == expected
+    assert gpt2.decode(ids) == expected.decode("utf-8", errors="replace")
+
+
+def test_a_short_decode_refuses_what_a_long_one_does(gpt2):
+    for bad, error in (([True, False], TypeError), ([1.0], TypeError), ([np.int64(5), -3], ValueError),
+                       ([5, 50257], ValueError), ((1, "a"), TypeError)):
+        for ids in (bad, list(bad) * 100):  # by lookup, then by NumPy
+            with pytest.raises(error):
+                gpt2.decode(ids)
+    assert gpt2.decode([np.int64(17250), 0]) == gpt2.decode([17250, 0]) == "Hi!"
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 
