@@ -246,6 +246,7 @@ class Tokenizer:
         self._engine_lock = threading.Lock()
         self._threads = threading.local()
         self._own_calls = None  # see `_make_own_calls`
+        self._decode_call = None  # see `_decode_compiled`
 
     # --- files ----------------------------------------------------------------------------
 
@@ -852,7 +853,7 @@ class Tokenizer:
         state = self.__dict__.copy()
         for name in ("_engine", "_engine_lock", "_threads", "_findall", "_finditer", "_cut",
                      "_special_split", "_special_finditer", "_own_calls", "encode",
-                     "encode_to_numpy"):
+                     "encode_to_numpy", "_decode_call"):
             state.pop(name, None)
         return state
 
@@ -862,6 +863,7 @@ class Tokenizer:
         self._engine_lock = threading.Lock()
         self._threads = threading.local()
         self._own_calls = None
+        self._decode_call = None
         compiled = regex.compile(self.pattern)
         self._findall = compiled.findall
         self._finditer = compiled.finditer
@@ -891,6 +893,10 @@ class Tokenizer:
                     return b"".join(map(self.vocab.__getitem__, ids))  # 17 with arrays
                 except KeyError:
                     pass  # not an id of the vocab: named below
+        if (type(ids) is list or isinstance(ids, np.ndarray)) and len(ids) >= _DECODE_COMPILED_FROM:
+            made = self._decode_compiled(ids)
+            if made is not None:
+                return made
         array = ids if isinstance(ids, np.ndarray) else np.array(list(ids))
         if array.size == 0:
             return b""
@@ -911,6 +917,24 @@ class Tokenizer:
         positions = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
         positions += np.arange(len(positions), dtype=np.int64)
         return self._token_bytes[positions].tobytes()
+
+    def _decode_compiled(self, ids) -> bytes | None:
+        """`decode_bytes` of a long list or array by a compiled call (`nbbpe/decoding.py`: 10x
+        NumPy's gather from a list); None where it cannot say (an item that is not an int, an
+        id not in the vocab: the gather names it), or if there is no such call here."""
+        call = self._decode_call
+        if call is None:
+            from .decoding import decoder
+
+            call = self._decode_call = decoder(self._token_bytes, self._token_offsets,
+                                               self._known) or False
+        if call is False:
+            return None
+        if type(ids) is list:
+            return call(ids, len(ids))
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or (ids.dtype.kind == "u" and ids.dtype.itemsize == 8):
+            return None  # (uint64 ids past int64's range are named by the gather)
+        return call(np.ascontiguousarray(ids, dtype=np.int64), len(ids))
 
     def __repr__(self) -> str:
         return (f"Tokenizer(n_vocab={self.n_vocab}, merge_order={self.merge_order!r}, "
@@ -1038,6 +1062,7 @@ _AS_UINT16, _AS_UINT32, _AS_LIST = 1, 2, 3
 # `decode` of a list or tuple of at most this many ids looks each up in the vocab (about 0.2 us
 # an id); a longer one takes NumPy's gather, whose ~10 calls cost ~15 us whatever the length.
 _DECODE_BY_LOOKUP_UP_TO = 128
+_DECODE_COMPILED_FROM = 1 << 12  # ids; fewer take NumPy's gather (see `_decode_compiled`)
 _INTS = {int}
 _ENCODE, _ENCODE_TO_NUMPY = Tokenizer.encode, Tokenizer.encode_to_numpy  # see `_make_own_calls`
 
