@@ -883,6 +883,9 @@ class Tokenizer:
 
     def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
         """`decode` of each sequence of ids."""
+        batch = list(batch)
+        if self._decode_call is None and sum(map(len, batch)) >= _DECODE_COMPILED_FROM:
+            self._decode_compiled([])  # loaded now, so each sequence past the lookups takes it
         return [self.decode(ids) for ids in batch]
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
@@ -893,7 +896,8 @@ class Tokenizer:
                     return b"".join(map(self.vocab.__getitem__, ids))  # 17 with arrays
                 except KeyError:
                     pass  # not an id of the vocab: named below
-        if (type(ids) is list or isinstance(ids, np.ndarray)) and len(ids) >= _DECODE_COMPILED_FROM:
+        if (type(ids) is list or isinstance(ids, np.ndarray)) and (
+                len(ids) >= _DECODE_COMPILED_FROM or self._decode_call):  # (once loaded, any)
             made = self._decode_compiled(ids)
             if made is not None:
                 return made

@@ -79,3 +79,26 @@ def test_without_the_compiled_call_decode_takes_the_gather(gpt2_files, monkeypat
     tok = Tokenizer(*gpt2_files)
     ids = tok.encode("Hello world " * 30)
     assert tok.decode(ids) == "Hello world " * 30 and tok._decode_call is False
+
+
+def test_once_loaded_the_compiled_call_decodes_every_list_past_the_lookups(gpt2_files,
+                                                                          monkeypatch):
+    # `decode_batch` loads it for a batch of 4,096 ids or more in all (not for one sequence of
+    # a few hundred, which is not worth loading it), and then each sequence of more than 128
+    # ids takes it
+    from nbbpe import Tokenizer
+
+    monkeypatch.setattr(tokenizer_module, "_DECODE_COMPILED_FROM", 4096)
+    monkeypatch.setattr(tokenizer_module, "_DECODE_BY_LOOKUP_UP_TO", 128)
+    tok = Tokenizer(*gpt2_files)
+    texts = [f"Once upon a time, {k} small dogs ran to the park." * 10 for k in range(40)]
+    batch = tok.encode_batch(texts)
+    assert all(128 < len(ids) < 4096 for ids in batch)
+    assert tok.decode(batch[0]) == texts[0] and tok._decode_call is None
+    calls = []
+    assert tok.decode_batch(iter(batch[:2])) == texts[:2] and tok._decode_call is None
+    assert sum(map(len, batch)) >= 4096
+    real = tok._decode_compiled
+    monkeypatch.setattr(tok, "_decode_compiled", lambda ids: calls.append(len(ids)) or real(ids))
+    assert tok.decode_batch(iter(batch)) == texts
+    assert calls == [0] + [len(ids) for ids in batch]
