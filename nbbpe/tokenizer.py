@@ -884,7 +884,8 @@ class Tokenizer:
     def decode_batch(self, batch: Iterable[Iterable[int]]) -> list[str]:
         """`decode` of each sequence of ids."""
         batch = list(batch)
-        if self._decode_call is None and sum(map(len, batch)) >= _DECODE_COMPILED_FROM:
+        if (self._decode_call is None and sum(len(ids) for ids in batch if hasattr(ids, "__len__"))
+                >= _DECODE_COMPILED_FROM):
             self._decode_compiled([])  # loaded now, so each sequence past the lookups takes it
         return [self.decode(ids) for ids in batch]
 
@@ -896,7 +897,7 @@ class Tokenizer:
                     return b"".join(map(self.vocab.__getitem__, ids))  # 17 with arrays
                 except KeyError:
                     pass  # not an id of the vocab: named below
-        if (type(ids) is list or isinstance(ids, np.ndarray)) and (
+        if (type(ids) is list or (isinstance(ids, np.ndarray) and ids.ndim == 1)) and (
                 len(ids) >= _DECODE_COMPILED_FROM or self._decode_call):  # (once loaded, any)
             made = self._decode_compiled(ids)
             if made is not None:
@@ -936,7 +937,7 @@ class Tokenizer:
             return None
         if type(ids) is list:
             return call(ids, len(ids))
-        if ids.ndim != 1 or ids.dtype.kind not in "iu" or (ids.dtype.kind == "u" and ids.dtype.itemsize == 8):
+        if ids.dtype.kind not in "iu" or ids.dtype == np.uint64:
             return None  # (uint64 ids past int64's range are named by the gather)
         return call(np.ascontiguousarray(ids, dtype=np.int64), len(ids))
 

@@ -102,3 +102,15 @@ def test_once_loaded_the_compiled_call_decodes_every_list_past_the_lookups(gpt2_
     monkeypatch.setattr(tok, "_decode_compiled", lambda ids: calls.append(len(ids)) or real(ids))
     assert tok.decode_batch(iter(batch)) == texts
     assert calls == [0] + [len(ids) for ids in batch]
+
+
+def test_decode_batch_takes_any_iterables_and_a_scalar_array_is_refused_as_before(gpt2_files):
+    from nbbpe import Tokenizer
+
+    tok = Tokenizer(*gpt2_files)  # its compiled decode not loaded yet
+    ids = tok.encode("Hello world " * 30)
+    batch = [iter(ids), ids, tuple(ids), (i for i in ids)]
+    assert tok.decode_batch(batch) == ["Hello world " * 30] * 4
+    for scalar in (np.array(5),):
+        with pytest.raises(TypeError, match="flat sequence of integer ids"):
+            tok.decode(scalar)
