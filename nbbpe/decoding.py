@@ -13,13 +13,12 @@ a new `bytes` object.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import njit
 
 from . import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
 from .kernel_args import (LIST_ITEMS_OFFSET, NDARRAY_DATA_OFFSET, OB_TYPE_OFFSET,
                           TUPLE_ITEMS_OFFSET, address, array_from, c_function_address, call_c,
-                          copy_bytes, fastcall_builtin, load_word, object_layout_known)
-from .kernel_cache import cached_cfunc
+                          copy_bytes, fastcall_builtin, load_word, usable_fastcall_address)
 from .scanners.classes import uindex
 
 # What the builtin is bound to: a tuple of an int64 array of these, then the arrays it points at.
@@ -27,9 +26,6 @@ _FUNCTIONS = ("PyBytes_FromStringAndSize", "PyBytes_AsString", "PyLong_AsSsize_t
               "PyErr_Clear")
 (BYTES_NEW_AT, BYTES_DATA_AT, AS_SSIZE_AT, INCREF_AT, ERR_CLEAR_AT, INT_TYPE_AT, LIST_TYPE_AT,
  NONE_AT, TOKEN_BYTES_AT, OFFSETS_AT, KNOWN_AT, N_IDS_AT, _ITEMS) = range(13)
-
-# METH_FASTCALL | METH_KEYWORDS's C signature
-_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)
 
 
 @njit(inline="always")  # into `_decode`
@@ -54,8 +50,8 @@ def _decode(self_object, args, nargs, kwnames):
     ids_object = load_word(args)
     n = call_c(values[AS_SSIZE_AT], (load_word(args + 8),))
     is_list = load_word(ids_object + OB_TYPE_OFFSET) == values[LIST_TYPE_AT]
-    ids = array_from(load_word(ids_object + (LIST_ITEMS_OFFSET if is_list else NDARRAY_DATA_OFFSET)),
-                     n, np.int64)
+    items_at = LIST_ITEMS_OFFSET if is_list else NDARRAY_DATA_OFFSET
+    ids = array_from(load_word(ids_object + items_at), n, np.int64)
     n_ids = values[N_IDS_AT]
     offsets = array_from(values[OFFSETS_AT], n_ids + 1, np.int64)
     known = array_from(values[KNOWN_AT], n_ids, np.uint8)
@@ -80,24 +76,15 @@ def _decode(self_object, args, nargs, kwnames):
     return result
 
 
-_compiled = None
-
-
 def decoder(token_bytes: np.ndarray, token_offsets: np.ndarray, known: np.ndarray):
     """The compiled decode call for a tokenizer's token arena (`token_bytes`, uint8), its
     offsets by id (int64, one more than ids) and which ids it has (`known`, bool); None if
     objects are not laid out as it reads them, or it does not compile here."""
-    global _compiled
-    if not object_layout_known():
-        return None
-    try:
-        if _compiled is None:
-            _compiled = cached_cfunc(_decode, _SIGNATURE)
-    except Exception:  # `call_c` and friends build on Numba's internals
+    function = usable_fastcall_address(_decode)
+    if function is None:
         return None
     known = known.view(np.uint8)
     values = np.array([c_function_address(name) for name in _FUNCTIONS]
                       + [id(int), id(list), id(None), address(token_bytes),
                          address(token_offsets), address(known), len(known)], dtype=np.int64)
-    return fastcall_builtin(_compiled.address, (values, token_bytes, token_offsets, known),
-                            "decode_bytes")
+    return fastcall_builtin(function, (values, token_bytes, token_offsets, known), "decode_bytes")

@@ -74,13 +74,14 @@ from .encode_tables import (
     table_at,
     with_room,
 )
-from .kernel_args import (LIST_ITEMS_OFFSET, NDARRAY_DATA_OFFSET, OB_TYPE_OFFSET, STR_ASCII_BIT, STR_LENGTH_OFFSET,
-                          STR_STATE_OFFSET, TUPLE_ITEMS_OFFSET, TUPLE_SIZE_OFFSET, PackedArrays,
-                          address, array_at, array_from, c_function_address, call_at, call_c,
-                          copy_bytes, fastcall_builtin, load_word, new_array_address,
-                          object_layout_known, readonly_array_at)
-from .id_lists import fill_list, int_items, int_objects, id_lists
-from .kernel_cache import cached, cached_cfunc, cfunc_cached, entry_point, native_address
+from .id_lists import fill_list, id_list, int_items, int_objects
+from .kernel_args import (LIST_ITEMS_OFFSET, NDARRAY_DATA_OFFSET, OB_TYPE_OFFSET, STR_ASCII_BIT,
+                          STR_LENGTH_OFFSET, STR_STATE_OFFSET, TUPLE_ITEMS_OFFSET,
+                          TUPLE_SIZE_OFFSET, PackedArrays, address, array_at, array_from,
+                          c_function_address, call_at, call_c, copy_bytes, fastcall_address,
+                          fastcall_builtin, load_word, new_array_address, object_layout_known,
+                          readonly_array_at)
+from .kernel_cache import cached, cfunc_cached, entry_point, native_address
 from .scanners.classes import load8, load_upto8, uindex
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
@@ -1040,8 +1041,6 @@ SHORT_PATH_FUNCTIONS = ("PyUnicode_AsUTF8AndSize", "PyUnicode_AsUTF8String", "Py
 # packed values (0 while there are none), the thread (`threading.get_ident`), the kind of its
 # result, and the addresses of `PyThread_get_thread_ident` and `PyObject_Vectorcall`.
 (OWN_VALUES, OWN_THREAD, OWN_KIND, OWN_THREAD_IDENT, OWN_VECTORCALL, OWN_CALL_ITEMS) = range(6)
-# METH_FASTCALL | METH_KEYWORDS's C signature
-_SHORT_PATH_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)
 # A text of this many bytes or more lets go of the GIL while the kernel runs (other threads
 # run meanwhile); a shorter one keeps it: letting go and taking it again costs ~50-80 ns, and
 # the kernel takes less than a microsecond on less than this.
@@ -1064,16 +1063,10 @@ def _c_api_addresses() -> tuple:
             + (new_array_address(),))
 
 
-_short_path_function = None
-
-
 def short_path_address() -> int:
     """Where `_short_path`'s machine code is, as a C function: compiled on first use (or loaded
     from the cache: `short_path_cached`)."""
-    global _short_path_function
-    if _short_path_function is None:
-        _short_path_function = cached_cfunc(_short_path, _SHORT_PATH_SIGNATURE)
-    return _short_path_function.address
+    return fastcall_address(_short_path)
 
 
 def short_path_cached() -> bool:
@@ -1479,7 +1472,7 @@ class DocumentEncoder:
         ids = self._run(_frombuffer(data, _UINT8), state.doc_end, -1, state, state.doc_out_end,
                         np.int32 if dtype is None else dtype, room)
         self._ready_text_call(state)
-        return id_lists(ids, np.array([0, len(ids)]), self.n_ids)[0] if dtype is None else ids
+        return id_list(ids, self.n_ids) if dtype is None else ids
 
     def _ready_text_call(self, state: ThreadState) -> None:
         """Ready the short path in `state`: pack its arguments (the cache and the output buffer

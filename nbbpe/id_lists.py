@@ -14,12 +14,11 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, types
+from numba import njit
 
 from . import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
 from .kernel_args import (LIST_ITEMS_OFFSET, NDARRAY_DATA_OFFSET, array_from, c_function_address,
-                          call_c, fastcall_builtin, load_int, load_word, object_layout_known)
-from .kernel_cache import cached_cfunc
+                          call_c, fastcall_builtin, load_int, load_word, usable_fastcall_address)
 from .scanners.classes import uindex
 
 _int_objects: dict[int, list] = {}
@@ -100,32 +99,27 @@ def _track(values, lists, n):
         call_c(values[TRACK_AT], (lists[uindex(k)],))
 
 
-# METH_FASTCALL | METH_KEYWORDS's C signature
-_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)
-_maker = None
-
-
 @functools.cache
 def _lists_call(n_ids: int):
     """The builtin `_id_lists` bound to its values for lists of ids below `n_ids`; None if
     objects are not laid out as it reads them, or it does not compile here."""
-    global _maker
-    if not object_layout_known():
-        return None
-    try:
-        if _maker is None:
-            _maker = cached_cfunc(_id_lists, _SIGNATURE)
-    except Exception:  # `call_c` and friends build on Numba's internals
+    function = usable_fastcall_address(_id_lists)
+    if function is None:
         return None
     ints = int_objects(n_ids)
     values = np.array([c_function_address(name) for name in _FUNCTIONS]
                       + [int_items(ints), len(ints)], dtype=np.int64)
-    return fastcall_builtin(_maker.address, values, "id_lists")
+    return fastcall_builtin(function, values, "id_lists")
 
 
 # Fewer ids are sliced from `tolist()` (~20 us for this many): not worth the compiled call's
 # first use, which loads it (or compiles it: ~0.5 s).
 COMPILED_FROM = 1 << 10
+
+
+def id_list(ids: np.ndarray, n_ids: int) -> list[int]:
+    """`ids` (each below `n_ids`) as one list of the process's ints (`id_lists`)."""
+    return id_lists(ids, [0, len(ids)], n_ids)[0]
 
 
 def id_lists(ids: np.ndarray, offsets, n_ids: int) -> list[list[int]]:

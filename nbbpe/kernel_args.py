@@ -29,6 +29,7 @@ from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
 from . import kernel_cache  # noqa: F401  (first: keys the cached kernels, see kernel_cache)
+from .kernel_cache import cached_cfunc
 
 
 class PackedArrays:
@@ -262,9 +263,7 @@ def object_layout_known() -> bool:
     array = np.zeros(1, dtype=np.int64)
     pair = (array, "x")
     listed = [1000, 1001]
-
-    def word(at: int) -> int:
-        return load_int(at)
+    word = load_int
 
     def ascii_bit(text: str) -> bool:
         return bool(word(id(text) + STR_STATE_OFFSET) & STR_ASCII_BIT)
@@ -316,6 +315,32 @@ def new_array_address() -> int | None:
 class _PyMethodDef(ctypes.Structure):
     _fields_ = [("ml_name", ctypes.c_char_p), ("ml_meth", ctypes.c_void_p),
                 ("ml_flags", ctypes.c_int), ("ml_doc", ctypes.c_char_p)]
+
+
+# The C signature of a METH_FASTCALL | METH_KEYWORDS method (every pointer an int64)
+FASTCALL_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)
+_fastcall_functions: dict = {}  # py_func -> its cfunc, compiled or loaded once per process
+
+
+def fastcall_address(py_func) -> int:
+    """Where `py_func`, compiled as a C function of `FASTCALL_SIGNATURE`, is: compiled on first
+    use in the process, or loaded from Numba's cache (`kernel_cache.cached_cfunc`). Raises if it
+    does not compile here (`call_c` and friends build on Numba's internals)."""
+    function = _fastcall_functions.get(py_func)
+    if function is None:
+        function = _fastcall_functions[py_func] = cached_cfunc(py_func, FASTCALL_SIGNATURE)
+    return function.address
+
+
+def usable_fastcall_address(py_func) -> int | None:
+    """`fastcall_address(py_func)`, or None if objects are not laid out as such a function
+    reads them (`object_layout_known`) or it does not compile here."""
+    if not object_layout_known():
+        return None
+    try:
+        return fastcall_address(py_func)
+    except Exception:
+        return None
 
 
 _METH_FASTCALL_KEYWORDS = 0x0080 | 0x0002  # METH_FASTCALL | METH_KEYWORDS

@@ -366,7 +366,9 @@ class Tokenizer:
             text = _check_text(text, "encode")
         if self._family is None or len(text) >= _READ_IN_PLACE_FROM:  # (one test for short texts)
             if self._family is None or len(text) > _LONG_TEXT_CHARS:
-                return self._id_lists(self._encode_long(text, np.int32), [0, -1])[0]
+                from .id_lists import id_list
+
+                return id_list(self._encode_long(text, np.int32), self.n_vocab)
             if len(text) >= self._thread_state().text_room:  # the long way: its UTF-8 in place
                 return self._encode_in_place_text(text, None)
         # `DocumentEncoder.encode_text`'s short path written out, as in encode_to_numpy (a frame
@@ -469,18 +471,10 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str], *, num_threads: int | None = None) -> list[list[int]]:
         """The ids of each text, encoded on `num_threads` threads (default: one per CPU)."""
-        return self._id_lists(*self.encode_batch_to_numpy(texts, num_threads=num_threads,
-                                                          dtype=np.int32))
-
-    def _id_lists(self, ids: np.ndarray, offsets) -> list[list[int]]:
-        """ids[offsets[k]:offsets[k + 1]] as lists, of the process's ints (`id_lists`: a new
-        int for each id, as `tolist` makes them, took 70 of 94 ms of `encode_batch` on
-        TinyStories); an offset of -1 is len(ids)."""
         from .id_lists import id_lists
 
-        offsets = np.array(offsets, dtype=np.int64)
-        offsets[offsets < 0] = len(ids)
-        return id_lists(ids, offsets, self.n_vocab)
+        ids, offsets = self.encode_batch_to_numpy(texts, num_threads=num_threads, dtype=np.int32)
+        return id_lists(ids, offsets, self.n_vocab)  # of the process's ints, see `id_lists`
 
     def encode_batch_to_numpy(self, texts: Sequence[str], *, num_threads: int | None = None,
                               dtype=None) -> tuple[np.ndarray, np.ndarray]:
@@ -524,8 +518,10 @@ class Tokenizer:
         (nothing else is safe for an arbitrary regex), so its text is held from one special
         token to the next: all of it if it has none. A single str is taken as one chunk.
         """
+        from .id_lists import id_list
+
         for ids in self.encode_iterable_to_numpy(iterable, dtype=np.int64):
-            yield from self._id_lists(ids, [0, -1])[0]  # the process's ints
+            yield from id_list(ids, self.n_vocab)  # the process's ints
 
     def encode_iterable_to_numpy(self, iterable: Iterable[str], dtype=None) -> Iterator[np.ndarray]:
         """Like `encode_iterable`, yielding the ids as arrays of `dtype`, one per block."""

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nbbpe import decoding
+from nbbpe import kernel_args
 from nbbpe import tokenizer as tokenizer_module
 
 
@@ -75,7 +75,7 @@ def test_compiled_decode_refuses_the_ids_a_vocab_leaves_out(gpt2_files):
 def test_without_the_compiled_call_decode_takes_the_gather(gpt2_files, monkeypatch):
     from nbbpe import Tokenizer
 
-    monkeypatch.setattr(decoding, "object_layout_known", lambda: False)
+    monkeypatch.setattr(kernel_args, "object_layout_known", lambda: False)
     tok = Tokenizer(*gpt2_files)
     ids = tok.encode("Hello world " * 30)
     assert tok.decode(ids) == "Hello world " * 30 and tok._decode_call is False

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nbbpe import kernel_args
 from nbbpe import id_lists as lists_module
 from nbbpe.id_lists import id_lists, int_objects
 
@@ -68,7 +69,7 @@ def test_ids_or_offsets_the_compiled_call_cannot_take_are_sliced_as_they_are(ids
 
 
 def test_without_the_compiled_call_the_ids_are_sliced(monkeypatch):
-    monkeypatch.setattr(lists_module, "object_layout_known", lambda: False)
+    monkeypatch.setattr(kernel_args, "object_layout_known", lambda: False)
     lists_module._lists_call.cache_clear()
     try:
         assert lists_module._lists_call(N_IDS) is None

@@ -122,7 +122,8 @@ def test_a_list_of_ids_holds_the_processs_ints_one_more_reference_each(tok, tikt
     # (ints up to 256 are CPython's own, immortal from Python 3.12 on: their count stays put)
     before = {i: sys.getrefcount(ints[i]) for i in set(expected) if i > 256}
     for encode_list in (tok.encode, tok._thread_state().text_call):  # own call, thread's call
-        ids = encode_list(text) if encode_list is tok.encode else encode_list(text, encode.TEXT_LIST)
+        own = encode_list is tok.encode
+        ids = encode_list(text) if own else encode_list(text, encode.TEXT_LIST)
         assert ids == expected and all(a is ints[a] for a in ids)
         assert {i: sys.getrefcount(ints[i]) - ids.count(i) for i in before} == before
         del ids
@@ -186,8 +187,8 @@ def test_own_calls_are_not_made_for_methods_overridden_or_replaced(gpt2_files, m
     assert lower.encode("HI") == lower.encode_to_numpy("hi").tolist()
     calls = []
     original = Tokenizer.encode_to_numpy
-    monkeypatch.setattr(Tokenizer, "encode_to_numpy",
-                        lambda self, text, dtype=None: calls.append(text) or original(self, text, dtype))
+    monkeypatch.setattr(Tokenizer, "encode_to_numpy", lambda self, text, dtype=None: (
+        calls.append(text) or original(self, text, dtype)))
     patched = ready(Tokenizer(*gpt2_files, [EOT]))
     patched.encode_to_numpy("Hi")
     assert calls == ["Hi"] and not is_own_call(patched.encode)
