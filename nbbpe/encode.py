@@ -54,6 +54,7 @@ from numba import njit, types
 
 from .encode_tables import (
     CACHE_FIRST_ROOM,
+    VOCAB_SPREAD,
     LONG,
     MAX_SHORT,
     SPARE_IDS,
@@ -1236,8 +1237,10 @@ def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_
     lengths = token_offsets[token_ids + 1] - token_offsets[token_ids]
     longest = max(int(lengths.max(initial=2)), _HEAP_ABOVE)
     records = int(lengths[lengths > MAX_SHORT].sum()) + 4 * len(token_ids) + 64
-    # Room for a thread cache's first entries too: copying it then makes that cache (`_copy`).
-    table = with_room(new_table(256 + len(token_ids) + CACHE_FIRST_ROOM, longest, records))
+    # Room for a thread cache's first entries too: copying it then makes that cache (`_copy`);
+    # spread over more slots, so that fewer lookups go past their home (`VOCAB_SPREAD`).
+    table = new_table(VOCAB_SPREAD * (256 + len(token_ids) + CACHE_FIRST_ROOM), longest, records)
+    table = with_room(table, VOCAB_SPREAD)
     byte_values = np.arange(256, dtype=np.uint8)
     byte_values.setflags(write=token_bytes.flags.writeable)  # one type: one compile of `lookup`
     _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks, table,

@@ -108,24 +108,36 @@ def _aligned_slots(items: int, zeroed: bool = True) -> np.ndarray:
 
 # Pre-tokens a new cache learns before it first grows: at least this many, and as many more as
 # the smallest table (a power of two, at most 3/4 full) holding them and the vocab has room
-# for: about 146k with GPT-2's vocab, in 8 MB (cl100k's and o200k's tables, of 8 and 16 MB,
-# hold this many anyway). In a table of 4 MB, a cold pass over web_5M filled it to 68%, and the
-# pre-tokens it learned then waited on two more slots on average past their home: with 8 MB,
-# one thread's cold pass over web_5M was 4.0% faster, over TinyStories 2.7% (medians of 15
-# alternated rounds); two threads' no slower.
+# for: about 146k with GPT-2's vocab (cl100k's and o200k's tables hold this many anyway). In a
+# table of 4 MB, a cold pass over web_5M filled it to 68%, and the pre-tokens it learned then
+# waited on two more slots on average past their home: with 8 MB, one thread's cold pass over
+# web_5M was 4.0% faster, over TinyStories 2.7% (medians of 15 alternated rounds); two
+# threads' no slower.
 CACHE_FIRST_ROOM = 1 << 16
+
+# The vocab table, and so each cache's first table, has this many times the slots those
+# entries need at 3/4 full, and fills to 3/8 before it grows: 16 MB with GPT-2's and cl100k's
+# vocabs, 32 MB with o200k's. Most tokens are never a whole pre-token of a given text (30k of
+# GPT-2's 50k in web_5M), yet each holds a slot that a pre-token the cache learns may have
+# for its home: after a cold pass over web_5M in 8 MB, 8.6% of the lookups of 2 to 16 bytes
+# went past their home slot, for 85% of them because a token sat there, and the probes after
+# the home took 7.6% of a warm pass's samples. In twice the slots, a warm pass over web_5M
+# took 0.92-0.94x as long, a cold one 0.95-1.00x (cl100k 0.93x and 0.94x, o200k 0.95x and
+# 0.95x; TinyStories, whose words are few, no different), medians of 21 alternated rounds.
+VOCAB_SPREAD = 2
 
 
 # The fewest pre-tokens a learning cache holds before it starts again. Starting again copies the
-# vocab table (8 MB with GPT-2's vocab, 1-2 ms), so a smaller cache would copy it more often than
+# vocab table (16 MB with GPT-2's vocab, 2-4 ms), so a smaller cache would copy it more often than
 # merging saves: with room for 100 pre-tokens, 200 kB of multi_1M took 0.16 s to encode, with
 # room for 1, 16 s, against 0.017 s with no cache at all. The records of this many take 2 MB.
 MIN_CACHE_SIZE = 1 << 16
 
 
-def with_room(table: Table) -> Table:
-    """`table` allowed to fill its slots to 3/4: the room a vocab table leaves its caches."""
-    return table._replace(max_entries=3 * (len(table.slots) >> 2) // 4)
+def with_room(table: Table, spread: int = 1) -> Table:
+    """`table` allowed to fill its slots to 3/4 (3/8 for `spread` 2): the room a vocab table
+    leaves its caches."""
+    return table._replace(max_entries=3 * (len(table.slots) >> 2) // (4 * spread))
 
 
 class SharedCache:

@@ -192,6 +192,14 @@ def _scan_prepare(scanner, block_scanner, buf, table, i, stop, ends, cache, keys
                  " cache, keys0, keys1, tags, hashes)\n"),
                 ("                _prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)\n", "")]},
     },
+    "prefetch_next_slot": {
+        "about": "the slot after each home prefetched too (on the next line when the home is the "
+                 "second slot of its line: 6% of web_5M's lookups of 2 to 16 bytes go on there)",
+        "replace": {"_prepare_window": [
+            ("            prefetch(cache.slots, 4 * home(cache, h))\n",
+             "            prefetch(cache.slots, 4 * home(cache, h))\n"
+             "            prefetch(cache.slots, 4 * home(cache, h) + 4)\n")]},
+    },
     "plain_slot_loads": {
         "about": "a slot's key and ids read with plain loads, not ordered after its meta (load_after)",
         "replace": {"copy_short_ids": [
