@@ -88,7 +88,7 @@ from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
 from .scanners.gpt2 import gpt2_block_boundaries, gpt2_pretoken_end
 from .scanners.o200k import o200k_block_boundaries, o200k_pretoken_end
 from .scanners.specials import SPECIALS_ITEMS, Specials, next_special, specials_at
-from .scanners.spans import BLOCK, WINDOW, scan_window
+from .scanners.spans import BLOCK, WINDOW, scan_window_visiting
 
 MERGES, RANKS = 0, 1  # merge orders
 NO_MERGE = np.int64(np.iinfo(np.int64).max)
@@ -627,36 +627,35 @@ def _encode_one(encode_new, buf, start, end, k0, k1, tag, h, out, w, ranks, cach
     return encode_new(buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cache, space)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):
-    """For each pre-token of a window (pre-token t ends at window[t], the first starts at
-    `start`) of 1 to 16 bytes: its key and hash, as `key_of` gives them, and a prefetch of its
-    cache slot. The cache is several MB, so reading a slot mostly waits for memory: asked for a
-    whole window at once, the reads overlap instead of each pre-token waiting for its own.
-    Other pre-tokens get tag 0; of them, those of 17 to `_HEAP_ABOVE` bytes get their key and
-    hash too, and a prefetch (the rest have theirs computed when met)."""
-    size = buf.shape[0]
-    for t in range(n):
-        end = window[t]
-        length = end - start
-        tags[t] = 0
-        if length <= MAX_SHORT and start + 16 <= size:  # nearly all: two loads, no branch
-            k0 = load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * min(length, 8)))
-            k1 = load8(buf, start + 8) & (_ALL_ONES >> np.uint64((128 - 8 * length) & 63))
-            k1 = k1 if length > 8 else np.uint64(0)
-            h = short_hash(k0, k1, length)
-            keys0[t] = np.int64(k0)
-            keys1[t] = np.int64(k1)
-            tags[t] = length
-            hashes[t] = np.int64(h)
-            prefetch(cache.slots, 4 * home(cache, h))
-        elif MAX_SHORT < length <= _HEAP_ABOVE:  # hashed now too, so its slot is prefetched
-            k0, k1, _, h = key_of(buf, start, end)
-            keys0[t] = k0
-            keys1[t] = k1
-            hashes[t] = np.int64(h)
-            prefetch(cache.slots, 4 * home(cache, h))
-        start = end
+@njit(inline="always")  # into `scan_window_visiting`, for each pre-token as it is found
+def _key_and_prefetch(context, t, start, end):
+    """Pre-token t of a window (buf[start:end]) of 1 to 16 bytes: its key and hash, as `key_of`
+    gives them, and a prefetch of its cache slot. The cache is several MB, so reading a slot
+    mostly waits for memory: asked for a whole window before its first lookup, the reads
+    overlap instead of each pre-token waiting for its own. Other pre-tokens get tag 0; of them,
+    those of 17 to `_HEAP_ABOVE` bytes get their key and hash too, and a prefetch (the rest
+    have theirs computed when met). Done as the scanner finds each pre-token rather than in a
+    second pass over the window: web_5M 0.95x the time warm, multi_1M 0.93x, TinyStories 0.94x
+    (`scripts/encode_variants.py`'s `fused_scan`, 40 rounds, on 2026-11-29)."""
+    buf, cache, keys0, keys1, tags, hashes = context
+    length = end - start
+    tags[uindex(t)] = 0
+    if length <= MAX_SHORT and start + 16 <= buf.shape[0]:  # nearly all: two loads, no branch
+        k0 = load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * min(length, 8)))
+        k1 = load8(buf, start + 8) & (_ALL_ONES >> np.uint64((128 - 8 * length) & 63))
+        k1 = k1 if length > 8 else np.uint64(0)
+        h = short_hash(k0, k1, length)
+        keys0[uindex(t)] = np.int64(k0)
+        keys1[uindex(t)] = np.int64(k1)
+        tags[uindex(t)] = length
+        hashes[uindex(t)] = np.int64(h)
+        prefetch(cache.slots, 4 * home(cache, h))
+    elif MAX_SHORT < length <= _HEAP_ABOVE:  # hashed now too, so its slot is prefetched
+        k0, k1, _, h = key_of(buf, start, end)
+        keys0[uindex(t)] = k0
+        keys1[uindex(t)] = k1
+        hashes[uindex(t)] = np.int64(h)
+        prefetch(cache.slots, 4 * home(cache, h))
 
 
 # --- the one pass ------------------------------------------------------------------------------
@@ -752,6 +751,7 @@ def encode_documents(scanner, block_scanner, table_dtype, encode_new, args, sepa
     tags = scratch[3 * WINDOW : 4 * WINDOW]
     hashes = scratch[4 * WINDOW : 5 * WINDOW]
     space = scratch[5 * WINDOW :]  # the part cache, then room for a merge
+    keyed = (buf, cache, keys0, keys1, tags, hashes)  # `_key_and_prefetch` fills the last four
     w = np.int64(0)
     n_docs = doc_ends.shape[0]
     while doc < n_docs:
@@ -759,14 +759,14 @@ def encode_documents(scanner, block_scanner, table_dtype, encode_new, args, sepa
         while i < end:
             stop, which = next_special(buf, i, end, specials)
             while i < stop:
-                n = scan_window(scanner, block_scanner, buf, table, i, stop, window)
+                n = scan_window_visiting(scanner, block_scanner, _key_and_prefetch, keyed, buf,
+                                         table, i, stop, window)
                 # at most one id per byte: keep the pre-tokens whose ids surely fit
                 while n > 0 and w + (window[n - 1] - i) > cap:
                     n -= 1
                 if n == 0:  # not even the first: return, or it is long, merged outside
                     first = window[0] - i
                     return w, doc, i, first if first > _HEAP_ABOVE else 0
-                _prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)
                 for t in range(n):
                     j = window[t]
                     tag = tags[t]
@@ -790,7 +790,7 @@ def encode_documents(scanner, block_scanner, table_dtype, encode_new, args, sepa
                     elif length > _HEAP_ABOVE:
                         return w, doc, i, length
                     else:  # longer than 16 bytes, or too near the end of buf for two loads
-                        if length > MAX_SHORT:  # its key from `_prepare_window`
+                        if length > MAX_SHORT:  # its key from `_key_and_prefetch`
                             k0, k1, tag, h = keys0[t], keys1[t], LONG, np.uint64(hashes[t])
                         else:
                             k0, k1, tag, h = key_of(buf, i, j)
@@ -1078,7 +1078,7 @@ def short_path_cached() -> bool:
 # The short path copies texts of up to this many bytes (at ~20 GB/s, a copy of 2 KB costs about
 # what scanning 64 bytes one pre-token at a time does) into a buffer with `TEXT_PAD` bytes after
 # them, which the kernel may read but does not use: a block (the block scanners read 64 bytes
-# from a pre-token's start; `_prepare_window` 16).
+# from a pre-token's start; `_key_and_prefetch` 16).
 COPY_UP_TO = 2048
 TEXT_PAD = BLOCK
 
@@ -1114,10 +1114,9 @@ def compile_shared_first(mode: int) -> None:
     helpers of that kernel, each before that process reaches it, so that it loads them from the
     cache: the merging of a new pre-token (`_encode_new_merges` or `_encode_new_ranks`, with the
     merge loop and `store`, which it types second), then `is_full`, `find` and `copy_ids` (which
-    it types last). Meanwhile it compiles `_prepare_window` (which it types first, ~1 s after it
-    starts): compiled here, it waited for it ~0.5 s; and with the merging compiled there, it
-    waited here ~1.5 s at the end. This process needs the merge loop and `store` for the vocab
-    table anyway. Calls on tiny inputs of the argument types the kernels use."""
+    it types last), while it compiles the rest (with the merging compiled there, this process
+    waited ~1.5 s for it at the end). This process needs the merge loop and `store` for the
+    vocab table anyway. Calls on tiny inputs of the argument types the kernels use."""
     buf = np.frombuffer(b"ab", dtype=np.uint8)  # read-only, as the kernels' text
     table = new_table(16, _HEAP_ABOVE, 64)._replace(learns=True)
     ranks = _no_merges(np.arange(256, dtype=np.int32), mode)

@@ -34,12 +34,11 @@ sys.path.insert(0, HERE)
 
 # The functions a variant may change, compiled anew for each variant in this order (each one
 # sees the ones before it), in a copy of nbbpe.encode's namespace.
-FUNCTIONS = ("copy_short_ids", "store", "_prepare_window", "_encode_new", "_encode_new_merges",
+FUNCTIONS = ("copy_short_ids", "store", "_key_and_prefetch", "_encode_new", "_encode_new_merges",
              "encode_documents")
 TABLE_FUNCTIONS = ("copy_short_ids", "store")  # of nbbpe.encode_tables; the others, nbbpe.encode
 
-_WINDOW_LOOP = """                _prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)
-                for t in range(n):
+_WINDOW_LOOP = """                for t in range(n):
                     j = window[t]
 """
 
@@ -50,21 +49,24 @@ _WINDOW_ARRAYS = """    window = scratch[:WINDOW]
     hashes = scratch[4 * WINDOW : 5 * WINDOW]
 """
 
+# `window_records` (a window's keys, tags and hashes in one array) and `fused_scan` (each
+# pre-token keyed and its slot prefetched as the scanner finds it: kept, see
+# `encode._key_and_prefetch`) patched a `_prepare_window` that is gone; git has them.
 VARIANTS = {
     "baseline": {"about": "the loop as it is", "replace": {}},
     "no_prefetch": {
         "about": "no prefetch of the window's cache slots",
-        "replace": {"_prepare_window": [("            prefetch(cache.slots, 4 * home(cache, h))\n", ""),
-                                        ("            prefetch(cache.slots, 4 * home(cache, h))\n", "")]},
+        "replace": {"_key_and_prefetch": [("        prefetch(cache.slots, 4 * home(cache, h))\n", ""),
+                                          ("        prefetch(cache.slots, 4 * home(cache, h))\n", "")]},
     },
     "prefetch_16_ahead": {
         "about": "each slot prefetched 16 pre-tokens before its lookup, not the whole window first",
         "replace": {
-            "_prepare_window": [
-                ("        tags[t] = 0\n", "        tags[t] = 0\n        hashes[t] = 0\n"),
-                ("            hashes[t] = np.int64(h)\n            prefetch(cache.slots, 4 * home(cache, h))\n        elif",
-                 "            hashes[t] = np.int64(h)\n            if t < 16:\n"
-                 "                prefetch(cache.slots, 4 * home(cache, h))\n        elif")],
+            "_key_and_prefetch": [
+                ("    tags[uindex(t)] = 0\n", "    tags[uindex(t)] = 0\n    hashes[uindex(t)] = 0\n"),
+                ("        hashes[uindex(t)] = np.int64(h)\n        prefetch(cache.slots, 4 * home(cache, h))\n    elif",
+                 "        hashes[uindex(t)] = np.int64(h)\n        if t < 16:\n"
+                 "            prefetch(cache.slots, 4 * home(cache, h))\n    elif")],
             "encode_documents": [
                 (_WINDOW_LOOP, _WINDOW_LOOP.replace(
                     "                    j = window[t]\n",
@@ -98,107 +100,13 @@ VARIANTS = {
     hashes = scratch[far + 4096 : far + 5120]
 """)]},
     },
-    "window_records": {
-        "about": "a window's keys, tags and hashes in one array of 4 items per pre-token, not 4 arrays",
-        "replace": {
-            "_prepare_window": [
-                ("def _prepare_window(buf, start, window, n, cache, keys0, keys1, tags, hashes):",
-                 "def _prepare_window(buf, start, window, n, cache, rec):"),
-                ("        tags[t] = 0\n", "        rec[4 * t + 2] = 0\n"),
-                ("            keys0[t] = np.int64(k0)\n", "            rec[4 * t] = np.int64(k0)\n"),
-                ("            keys1[t] = np.int64(k1)\n", "            rec[4 * t + 1] = np.int64(k1)\n"),
-                ("            tags[t] = length\n", "            rec[4 * t + 2] = length\n"),
-                ("            hashes[t] = np.int64(h)\n", "            rec[4 * t + 3] = np.int64(h)\n"),
-                ("            keys0[t] = k0\n", "            rec[4 * t] = k0\n"),
-                ("            keys1[t] = k1\n", "            rec[4 * t + 1] = k1\n"),
-                ("            hashes[t] = np.int64(h)\n", "            rec[4 * t + 3] = np.int64(h)\n")],
-            "encode_documents": [
-                (_WINDOW_ARRAYS, "    window = scratch[:WINDOW]\n    rec = scratch[WINDOW : 5 * WINDOW]\n"),
-                ("_prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)",
-                 "_prepare_window(buf, i, window, n, cache, rec)"),
-                ("tag = tags[t]", "tag = rec[4 * t + 2]"),
-                ("np.uint64(hashes[t]), keys0[t], keys1[t],", "np.uint64(rec[4 * t + 3]), rec[4 * t], rec[4 * t + 1],"),
-                ("encode_new(buf, i, j, keys0[t], keys1[t], tag,", "encode_new(buf, i, j, rec[4 * t], rec[4 * t + 1], tag,"),
-                ("np.uint64(hashes[t]), found,", "np.uint64(rec[4 * t + 3]), found,"),
-                ("keys0[t], keys1[t], LONG, np.uint64(hashes[t])",
-                 "rec[4 * t], rec[4 * t + 1], LONG, np.uint64(rec[4 * t + 3])")]},
-    },
-    "fused_scan": {
-        "about": "each pre-token keyed, hashed and its slot prefetched as the scanner finds it, "
-                 "not in a second pass over the window (`_prepare_window`)",
-        "replace": {
-            "_prepare_window": [("        start = end\n", """        start = end
-
-
-from numba.cpython.unsafe.numbers import trailing_zeros
-from nbbpe.scanners.classes import MIN_ASCII
-
-
-@njit(inline="always")
-def _prepare_one(buf, size, start, end, t, cache, keys0, keys1, tags, hashes):
-    length = end - start
-    tags[uindex(t)] = 0
-    if length <= MAX_SHORT and start + 16 <= size:
-        k0 = load8(buf, start) & (_ALL_ONES >> np.uint64(64 - 8 * min(length, 8)))
-        k1 = load8(buf, start + 8) & (_ALL_ONES >> np.uint64((128 - 8 * length) & 63))
-        k1 = k1 if length > 8 else np.uint64(0)
-        h = short_hash(k0, k1, length)
-        keys0[uindex(t)] = np.int64(k0)
-        keys1[uindex(t)] = np.int64(k1)
-        tags[uindex(t)] = length
-        hashes[uindex(t)] = np.int64(h)
-        prefetch(cache.slots, 4 * home(cache, h))
-    elif MAX_SHORT < length <= _HEAP_ABOVE:
-        k0, k1, _, h = key_of(buf, start, end)
-        keys0[uindex(t)] = k0
-        keys1[uindex(t)] = k1
-        hashes[uindex(t)] = np.int64(h)
-        prefetch(cache.slots, 4 * home(cache, h))
-
-
-@njit(inline="always")
-def _scan_prepare(scanner, block_scanner, buf, table, i, stop, ends, cache, keys0, keys1,
-                  tags, hashes):
-    k = 0
-    limit = ends.shape[0] - BLOCK
-    size = buf.shape[0]
-    start = i
-    while i < stop and k < limit:
-        bits = np.uint64(0)
-        if i + BLOCK <= stop:
-            bits = block_scanner(buf, table, i, stop)
-        elif i + BLOCK <= size and stop - i >= MIN_ASCII:
-            bits = block_scanner(buf, table, i, stop)
-        if bits:
-            base = i
-            while bits:
-                i = base + np.int64(trailing_zeros(bits))
-                bits &= bits - np.uint64(1)
-                ends[uindex(k)] = i
-                _prepare_one(buf, size, start, i, k, cache, keys0, keys1, tags, hashes)
-                start = i
-                k += 1
-        else:
-            i = scanner(buf, table, i, stop)
-            ends[uindex(k)] = i
-            _prepare_one(buf, size, start, i, k, cache, keys0, keys1, tags, hashes)
-            start = i
-            k += 1
-    return k
-""")],
-            "encode_documents": [
-                ("                n = scan_window(scanner, block_scanner, buf, table, i, stop, window)\n",
-                 "                n = _scan_prepare(scanner, block_scanner, buf, table, i, stop, window,"
-                 " cache, keys0, keys1, tags, hashes)\n"),
-                ("                _prepare_window(buf, i, window, n, cache, keys0, keys1, tags, hashes)\n", "")]},
-    },
     "prefetch_next_slot": {
         "about": "the slot after each home prefetched too (on the next line when the home is the "
                  "second slot of its line: 6% of web_5M's lookups of 2 to 16 bytes go on there)",
-        "replace": {"_prepare_window": [
-            ("            prefetch(cache.slots, 4 * home(cache, h))\n",
-             "            prefetch(cache.slots, 4 * home(cache, h))\n"
-             "            prefetch(cache.slots, 4 * home(cache, h) + 4)\n")]},
+        "replace": {"_key_and_prefetch": [
+            ("        prefetch(cache.slots, 4 * home(cache, h))\n",
+             "        prefetch(cache.slots, 4 * home(cache, h))\n"
+             "        prefetch(cache.slots, 4 * home(cache, h) + 4)\n")]},
     },
     "plain_slot_loads": {
         "about": "a slot's key and ids read with plain loads, not ordered after its meta (load_after)",

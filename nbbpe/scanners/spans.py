@@ -27,8 +27,22 @@ def scan_window(scanner, block_scanner, buf, table, i, stop, ends):
     """Write the ends of the next pre-tokens of buf[i:stop] (i starts one, `stop` ends the
     text) to `ends`, at most len(ends) - BLOCK + 1 of them; return how many (at least one if
     i < stop). Pre-token t runs from ends[t - 1] (i for t = 0) to ends[t]."""
+    return scan_window_visiting(scanner, block_scanner, _visit_none, (), buf, table, i, stop, ends)
+
+
+@njit(inline="always")
+def _visit_none(context, t, start, end):
+    """What `scan_window` does with each pre-token besides writing its end: nothing."""
+
+
+@njit(inline="always")
+def scan_window_visiting(scanner, block_scanner, visit, context, buf, table, i, stop, ends):
+    """`scan_window`, calling visit(context, t, start, end) on each pre-token t as it is found
+    (inlined: the encode loop keys it and prefetches its cache slot there, while its bytes are
+    at hand, rather than in a second pass over the window)."""
     k = 0
     limit = ends.shape[0] - BLOCK
+    start = i
     while i < stop and k < limit:
         bits = np.uint64(0)
         if i + BLOCK <= stop:
@@ -44,10 +58,14 @@ def scan_window(scanner, block_scanner, buf, table, i, stop, ends):
                 i = base + np.int64(trailing_zeros(bits))
                 bits &= bits - np.uint64(1)
                 ends[uindex(k)] = i
+                visit(context, k, start, i)
+                start = i
                 k += 1
         else:
             i = scanner(buf, table, i, stop)
             ends[uindex(k)] = i
+            visit(context, k, start, i)
+            start = i
             k += 1
     return k
 
