@@ -20,6 +20,7 @@ from nbbpe.patterns import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN, TIKTOKEN
 from nbbpe.scanners import cl100k, gpt2, o200k
 from nbbpe.scanners.classes import (N_CODE_POINTS, AsciiBlock, ascii_block, byte_mask,
                                     every_code_point)
+from nbbpe.scanners.spans import WINDOW, scan_window_visiting
 from nbbpe.scanners.specials import make_specials, next_special
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -223,6 +224,44 @@ def test_segments_are_each_matched_as_a_text_of_their_own(texts, gaps):
     # What lies between segments (here `gaps`, e.g. a special token) is never looked at: the
     # end of a segment is the end of its text for `$`, lookaheads and possessive quantifiers.
     assert_segments_match_regex(texts, gaps, FAMILIES)
+
+
+@njit(inline="always")
+def _record_span(context, t, start, end):
+    starts, ends = context
+    starts[t] = start
+    ends[t] = end
+
+
+@njit
+def _gpt2_window_visited(buf, table, i, stop, window, starts, ends):
+    return scan_window_visiting(gpt2.gpt2_pretoken_end, gpt2.gpt2_block_boundaries, _record_span,
+                                (starts, ends), buf, table, i, stop, window)
+
+
+@pytest.mark.parametrize("text", [read("web_sample.txt"), read("multi_sample.txt"),
+                                  "Héllo wörld, it's 2024!\n\n  " * 300])
+def test_scan_window_visiting_visits_each_pre_token_as_found(text):
+    # The encode loop keys each pre-token and prefetches its slot in `visit` (blocks of ASCII
+    # and one pre-token at a time alike): each is visited once, in order, with its own span,
+    # the spans `regex` gives, window after window.
+    buf = np.frombuffer(text.encode("utf-8") + b" " * 64, dtype=np.uint8)  # a block past the end
+    stop = len(text.encode("utf-8"))
+    table = gpt2.class_table()
+    window = np.empty(WINDOW, dtype=np.int64)
+    starts = np.full(WINDOW, -1, dtype=np.int64)
+    ends = np.full(WINDOW, -1, dtype=np.int64)
+    found = []
+    i = 0
+    while i < stop:
+        n = _gpt2_window_visited(buf, table, i, stop, window, starts, ends)
+        assert 0 < n <= WINDOW
+        np.testing.assert_array_equal(ends[:n], window[:n])
+        np.testing.assert_array_equal(starts[:n], np.concatenate([[i], window[: n - 1]]))
+        found.extend(zip(starts[:n].tolist(), ends[:n].tolist()))
+        starts[:] = ends[:] = -1
+        i = int(window[n - 1])
+    np.testing.assert_array_equal(np.array(found), regex_spans("gpt2", text))
 
 
 # --- the claims the scanners rely on ------------------------------------------------------------

@@ -409,7 +409,7 @@ def test_a_tiny_cache_is_emptied_and_gives_the_same_ids(gpt2, gpt2_files):
 
 def test_a_small_cache_size_still_holds_enough_not_to_copy_the_vocab_table_over_and_over(
         gpt2, gpt2_files, monkeypatch):
-    # Each time a cache starts again it copies the vocab table (8 MB with GPT-2's vocab). With
+    # Each time a cache starts again it copies the vocab table (16 MB with GPT-2's vocab). With
     # room for 1 pre-token, that happened after nearly every new one: 200 kB of text took 16 s.
     # A positive cache_size is taken as at least MIN_CACHE_SIZE (the tests lower it: conftest).
     from nbbpe import encode_tables
@@ -428,6 +428,23 @@ def test_a_small_cache_size_still_holds_enough_not_to_copy_the_vocab_table_over_
     uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)
     assert uncached.encode(text) == expected
     assert uncached._thread_state().cache.table is uncached._thread_state().cache.vocab
+
+
+def test_a_second_pass_looks_up_every_pre_token_the_first_one_learned(gpt2_files):
+    # The pass keys each pre-token as the scanner finds it (`_key_and_prefetch`) and stores a
+    # new one under the key it was looked up by: keys that differ from one pass to the next
+    # would still give the right ids, but every pass would merge and store its pre-tokens
+    # again. Web and multilingual text: blocks of ASCII and one pre-token at a time alike.
+    for name in ("web_sample.txt", "multi_sample.txt"):
+        tokenizer = Tokenizer(*gpt2_files, [EOT])
+        text = read(name)
+        first = tokenizer.encode_to_numpy(text)
+        cache = tokenizer._thread_state().cache
+        table = cache.table
+        learned = int(table.fill[1])
+        assert learned > int(cache.vocab.fill[1]) + 100, name
+        assert np.array_equal(tokenizer.encode_to_numpy(text), first)
+        assert cache.table is table and int(table.fill[1]) == learned, name
 
 
 def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files):
