@@ -123,7 +123,8 @@ CACHE_FIRST_ROOM = 1 << 16
 # went past their home slot, for 85% of them because a token sat there, and the probes after
 # the home took 7.6% of a warm pass's samples. In twice the slots, a warm pass over web_5M
 # took 0.92-0.94x as long, a cold one 0.95-1.00x (cl100k 0.93x and 0.94x, o200k 0.95x and
-# 0.95x; TinyStories, whose words are few, no different), medians of 21 alternated rounds.
+# 0.95x; TinyStories, whose words are few, no different): medians of 21 alternated rounds with
+# the tables rehashed into twice the slots, and of 15 with them built so.
 VOCAB_SPREAD = 2
 
 
