@@ -108,23 +108,23 @@ def _aligned_slots(items: int, zeroed: bool = True) -> np.ndarray:
 
 # Pre-tokens a new cache learns before it first grows: at least this many, and as many more as
 # the smallest table (a power of two, at most 3/4 full) holding them and the vocab has room
-# for: about 146k with GPT-2's vocab (cl100k's and o200k's tables hold this many anyway). In a
-# table of 4 MB, a cold pass over web_5M filled it to 68%, and the pre-tokens it learned then
-# waited on two more slots on average past their home: with 8 MB, one thread's cold pass over
-# web_5M was 4.0% faster, over TinyStories 2.7% (medians of 15 alternated rounds); two
-# threads' no slower.
+# for (its slots then `VOCAB_SPREAD` times as many): about 146k with GPT-2's vocab (cl100k's
+# and o200k's tables hold this many anyway). In a table of 4 MB, a cold pass over web_5M
+# filled it to 68%, and the pre-tokens it learned then waited on two more slots on average past
+# their home: with 8 MB, one thread's cold pass over web_5M was 4.0% faster, over TinyStories
+# 2.7% (medians of 15 alternated rounds); two threads' no slower.
 CACHE_FIRST_ROOM = 1 << 16
 
 # The vocab table, and so each cache's first table, has this many times the slots those
-# entries need at 3/4 full, and fills to 3/8 before it grows: 16 MB with GPT-2's and cl100k's
-# vocabs, 32 MB with o200k's. Most tokens are never a whole pre-token of a given text (30k of
-# GPT-2's 50k in web_5M), yet each holds a slot that a pre-token the cache learns may have
-# for its home: after a cold pass over web_5M in 8 MB, 8.6% of the lookups of 2 to 16 bytes
-# went past their home slot, for 85% of them because a token sat there, and the probes after
-# the home took 7.6% of a warm pass's samples. In twice the slots, a warm pass over web_5M
-# took 0.92-0.94x as long, a cold one 0.95-1.00x (cl100k 0.93x and 0.94x, o200k 0.95x and
-# 0.95x; TinyStories, whose words are few, no different): medians of 21 alternated rounds with
-# the tables rehashed into twice the slots, and of 15 with them built so.
+# entries need at 3/4 full, and that cache fills it to 3/8 before it grows: 16 MB with GPT-2's
+# and cl100k's vocabs, 32 MB with o200k's. Most tokens are never a whole pre-token of a given
+# text (30k of GPT-2's 50k in web_5M), yet each holds a slot that a pre-token the cache learns
+# may have for its home: after a cold pass over web_5M in 8 MB, 8.6% of the lookups of 2 to 16
+# bytes went past their home slot, for 85% of them because a token sat there, and the probes
+# after the home took 7.6% of a warm pass's samples. In twice the slots, a warm pass over
+# web_5M took 0.92-0.94x as long, a cold one 0.95-1.00x (cl100k 0.93x and 0.94x, o200k 0.95x
+# and 0.95x; TinyStories, whose words are few, no different): medians of 21 alternated rounds
+# with the tables rehashed into twice the slots, and of 15 with them built so.
 VOCAB_SPREAD = 2
 
 
