@@ -360,28 +360,35 @@ def iter_safe_boundaries(
 
 def safe_text_cuts(text: str, chunk_chars: int, special_tokens: Sequence[str] = (), *,
                    whitespace_cuts: bool = True) -> Iterator[int]:
-    """Safe places to cut a str (character positions, ascending, about `chunk_chars` apart): the
-    same rules as `safe_boundary_after`, in characters, for a text held whole. The text on either
-    side of such a place, turned into UTF-8 on its own (lone surrogates becoming U+FFFD, as
-    `Tokenizer.encode` does), is the whole text's UTF-8 on that side: the places lie next to
-    ASCII characters (a letter or digit, then a space or newline) or at a special token's first
-    character, never inside a surrogate pair. Cutting the str, not its UTF-8, spares encoding a
-    long text to find them (0.6 ms for multi_1M's longest, holding the GIL).
-
-    When a special token contains U+FFFD, a lone surrogate of the text may become part of an
-    occurrence that the str does not show: then no place is safe, and none is given."""
+    """Safe places to cut a str (character positions, ascending, about `chunk_chars` apart):
+    each the first `safe_text_cut` at or after the last one plus `chunk_chars`."""
     if chunk_chars < 1:
         raise ValueError(f"chunk_chars must be positive, got {chunk_chars}")
-    if any("\ufffd" in t or _has_surrogate(t) for t in special_tokens):
-        return
-    specials = [t for t in special_tokens if t]
     target = chunk_chars
     while target < len(text):
-        cut = _safe_text_cut_after(text, target, specials, whitespace_cuts)
+        cut = safe_text_cut(text, target, special_tokens, whitespace_cuts=whitespace_cuts)
         if cut is None:
             return
         yield cut
         target = cut + chunk_chars
+
+
+def safe_text_cut(text: str, at: int, special_tokens: Sequence[str] = (), *,
+                  whitespace_cuts: bool = True) -> int | None:
+    """The first safe place to cut a str at or after character `at` (0 < place < len(text)),
+    or None: the same rules as `safe_boundary_after`, in characters, for a text held whole. The
+    text on either side of such a place, turned into UTF-8 on its own (lone surrogates becoming
+    U+FFFD, as `Tokenizer.encode` does), is the whole text's UTF-8 on that side: the places lie
+    next to ASCII characters (a letter or digit, then a space or newline) or at a special
+    token's first character, never inside a surrogate pair. Cutting the str, not its UTF-8,
+    spares encoding a long text to find them (0.6 ms for multi_1M's longest, holding the GIL).
+
+    When a special token contains U+FFFD, a lone surrogate of the text may become part of an
+    occurrence that the str does not show: then no place is safe."""
+    if any("\ufffd" in t or _has_surrogate(t) for t in special_tokens):
+        return None
+    specials = [t for t in special_tokens if t]
+    return _safe_text_cut_after(text, max(at, 1), specials, whitespace_cuts)
 
 
 def _has_surrogate(text: str) -> bool:

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 import regex
 
-from .corpus import compile_utf8_check, safe_text_cuts, whitespace_cuts_allowed
+from .corpus import compile_utf8_check, safe_text_cut, whitespace_cuts_allowed
 from .patterns import (
     CL100K_PATTERN,
     GPT2_PATTERN,
@@ -81,10 +81,9 @@ _SMALL_BATCH_CHARS = 3 << 17
 # 13.7 against 15.0 ms, multi_1M 12.3 against 13.0, web_5M 29.3 against 30.0 (with cl100k's
 # pattern 31.9 against 33.9), multi_1M with o200k's 15.5 both.
 _GROUPS_PER_THREAD = 8
-# ... but of at least this many characters, while there is one per thread: in a 2-thread batch
-# each group cost ~0.1 ms of hand-offs between the threads, and a batch of 128 KB cut into 16
-# took 1.97 ms against 0.48 on one thread (TinyStories; 0.76 ms cut into 2; at 512 KB, 1.92
-# against 1.72 ms cut into 4; from 2 MB on, 16 groups either way).
+# ... but of at least this many characters: in a 2-thread batch each group cost ~0.1 ms of
+# hand-offs between the threads, and a batch of 128 KB cut into 16 took 1.97 ms against 0.48
+# on one thread (TinyStories; 0.76 ms cut into 2).
 _MIN_GROUP_CHARS = 1 << 17
 # Groups of at most this many pieces (a piece or two of a long text, a few long texts) are read
 # in place (`Tokenizer._encode_in_place`) if their pieces are long enough.
@@ -601,23 +600,17 @@ class Tokenizer:
 
     def _encode_pieces_on_threads(self, texts: list[str], lengths: np.ndarray, threads: int,
                                   dtype) -> tuple[np.ndarray, np.ndarray]:
-        """`encode_batch_to_numpy` on `threads` threads, for the compiled patterns: a text
-        longer than a group cut into pieces where a cut cannot change its ids, and the pieces
-        encoded in groups of about equal size, a few per thread (so one long text does not
-        leave the other threads idle) and of at most about `_GROUP_CHARS` characters (so memory
-        beyond the ids stays a few groups' worth, reused). The threads turn the pieces into
-        UTF-8, each while the other encodes. `lengths`: the texts' lengths."""
+        """`encode_batch_to_numpy` on `threads` threads, for the compiled patterns: the texts
+        cut into groups (`_group_bounds`), a text that a group ends in cut where a cut cannot
+        change its ids (so one long text does not leave the other threads idle), each group of
+        at most about `_GROUP_CHARS` characters (so memory beyond the ids stays a few groups'
+        worth, reused). The threads turn the pieces into UTF-8, each while the other encodes.
+        `lengths`: the texts' lengths."""
         total = int(lengths.sum())
-        groups = _groups_for(total, threads)
-        size = total // groups + 1
-        encode = self._encode_pieces
-        if lengths.max(initial=0) > 2 * size:
-            pieces, last_piece, lengths = _cut_long_texts(texts, size, self.special_tokens,
-                                                          whitespace_cuts_allowed(self.pattern))
-            encode = self._encode_cut_pieces
-        else:  # nothing to cut
-            pieces, last_piece = texts, np.arange(len(texts), dtype=np.int64)
-        groups = _split_evenly(pieces, min(len(pieces), groups), lengths)
+        cuts = _safe_cuts_maker(self.special_tokens, whitespace_cuts_allowed(self.pattern))
+        pieces, last_piece, groups = _split_into_groups(texts, lengths, _group_bounds(total, threads),
+                                                        cuts)
+        encode = self._encode_pieces if pieces is texts else self._encode_cut_pieces
         joined = None
         if len(groups) > 1:  # (one group's ids are the result as they are)
             try:  # at most one id per UTF-8 byte, so at most 4 per character
@@ -656,7 +649,7 @@ class Tokenizer:
         return self.encode_utf8(data, ends, dtype=dtype)
 
     def _encode_cut_pieces(self, pieces: list, dtype) -> tuple[np.ndarray, np.ndarray]:
-        """`_encode_pieces` of pieces from `_cut_long_texts`: the pieces of a long text are cut
+        """`_encode_pieces` of pieces from `_split_into_groups`: the pieces of a text are cut
         out of it here, in the thread that encodes them, while the others encode (slicing
         multi_1M's longest text, held in 4 bytes a character, took 1.3 ms before any thread
         could start)."""
@@ -666,7 +659,7 @@ class Tokenizer:
 
     def _encode_in_place(self, pieces: list, dtype) -> tuple[np.ndarray, np.ndarray] | None:
         """`_encode_pieces` of a group of at most `_IN_PLACE_PIECES` pieces (str, or (text,
-        start, end) from `_cut_long_texts`) of `_READ_IN_PLACE_FROM` characters on average, their
+        start, end) from `_split_into_groups`) of `_READ_IN_PLACE_FROM` characters on average, their
         UTF-8 from `_utf8_in_place`; None for another group, or if one holds a lone surrogate
         (then `_encode_joined` replaces them, as `_utf8` does)."""
         if len(pieces) > _IN_PLACE_PIECES:
@@ -1112,15 +1105,14 @@ def _thread_count(num_threads: int, n_texts: int, size: int, texts_cut: bool) ->
     return max(1, min(most, size // _SMALL_BATCH_CHARS + 1))
 
 
-def _groups_for(total: int, threads: int) -> int:
-    """How many groups a batch of `total` characters is cut into on `threads` threads: a few
-    per thread (`_GROUPS_PER_THREAD`), each of at least `_MIN_GROUP_CHARS` while there is one
-    per thread, and of at most `_GROUP_CHARS`."""
-    if threads == 1:
-        per_thread = 1
-    else:
-        per_thread = min(_GROUPS_PER_THREAD, max(1, total // (threads * _MIN_GROUP_CHARS)))
-    return max(per_thread * threads, -(-total // _GROUP_CHARS))
+def _group_bounds(total: int, threads: int) -> np.ndarray:
+    """Where the groups of a batch of `total` characters end (character positions, ascending,
+    the last one `total`): groups of about equal size, at most `_GROUP_CHARS`; on more than one
+    thread, `_GROUPS_PER_THREAD` per thread of at least `_MIN_GROUP_CHARS`."""
+    groups = max(1, -(-total // _GROUP_CHARS))
+    if threads > 1:
+        groups = max(groups, min(_GROUPS_PER_THREAD * threads, total // _MIN_GROUP_CHARS))
+    return (total * np.arange(1, groups + 1, dtype=np.int64)) // groups
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -1235,37 +1227,91 @@ def _join_parts(parts, n_texts: int) -> tuple[np.ndarray, np.ndarray]:
     return (parts[0][0] if len(parts) == 1 else np.concatenate([ids for ids, _ in parts])), offsets
 
 
-def _cut_long_texts(texts: list[str], size: int, special_tokens, whitespace_cuts: bool):
-    """(pieces, last, lengths): `texts` with each text longer than 2 * `size` characters cut
-    into pieces of about `size` characters where no pre-token or special token can span the cut
-    (`corpus.safe_text_cuts`: the ids of the pieces, end to end, are the text's), the index of
-    each text's last piece (an int64 array) and each piece's length in characters. A text not
-    cut is its own piece; a piece of a cut text is (text, start, end), made a str by
-    `_piece_text` in the thread that encodes it, not here before the threads start."""
-    pieces: list = []
-    last = []
-    lengths = []
-    for text in texts:
-        start = 0
-        if len(text) > 2 * size:
-            for cut in safe_text_cuts(text, size, special_tokens, whitespace_cuts=whitespace_cuts):
-                pieces.append((text, start, cut))
-                lengths.append(cut - start)
-                start = cut
-        pieces.append((text, start, len(text)) if start else text)
-        lengths.append(len(text) - start)
-        last.append(len(pieces) - 1)
-    return pieces, np.array(last, dtype=np.int64), np.array(lengths, dtype=np.int64)
+def _safe_cuts_maker(special_tokens, whitespace_cuts: bool):
+    """cut(text, at): the first place at or after `at` where `text` can be cut without changing
+    its ids (`corpus.safe_text_cut`), or None."""
+    def cut(text: str, at: int) -> int | None:
+        return safe_text_cut(text, at, special_tokens, whitespace_cuts=whitespace_cuts)
+    return cut
+
+
+def _split_into_groups(texts: list[str], lengths: np.ndarray, bounds: np.ndarray, safe_cut):
+    """(pieces, last, groups): `texts` cut into groups that end near `bounds` (character
+    positions in the texts end to end, `lengths` each, ascending, the last one their total).
+    A group ends between two texts if one is near (within a quarter of the smaller group
+    beside it), else inside the text, at the first place `safe_cut(text, at)` allows (at the
+    text's end if there is none). `pieces`: the texts in order, a text cut into parts given as
+    (text, start, end) (made a str by `_piece_text` in the thread that encodes it); `texts`
+    itself if none is cut. `last`: the index of each text's last piece (int64). `groups`:
+    lists of consecutive pieces, none empty unless the batch is."""
+    n = len(texts)
+    if n == 0:
+        return texts, np.zeros(0, dtype=np.int64), [texts]
+    ends = lengths.cumsum()
+    starts = ends - lengths
+    sizes = np.diff(bounds, prepend=0)
+    near = np.minimum(sizes, np.append(sizes[1:], sizes[-1])) // 4
+    # The text holding each bound's character, and whether the bound is near its start or end.
+    holding = np.searchsorted(ends, bounds[:-1], side="right")
+    kept = holding < n
+    holding, bound_at, slack = holding[kept], bounds[:-1][kept], near[:-1][kept]
+    into = bound_at - starts[holding]
+    left = ends[holding] - bound_at
+    nearer = np.where(into <= left, holding, holding + 1)  # its start's or its end's text
+    ends_at = [(t, 0) for t in nearer[(into <= slack) | (left <= slack)].tolist() if 0 < t < n]
+    cut_in: dict[int, list[int]] = {}  # text -> where it is cut
+    searched = (-1, 0, None)  # (text, from, found): the last search, not made again (a text with
+    # no safe place, searched to its end once per group, made cutting quadratic)
+    inside = np.flatnonzero((into > slack) & (left > slack))
+    for t, at, end_slack, other in zip(holding[inside].tolist(), into[inside].tolist(),
+                                       (lengths[holding] - slack)[inside].tolist(),
+                                       nearer[inside].tolist()):
+        last_text, since, found = searched
+        if last_text == t and since <= at and (found is None or at <= found):
+            place = found
+        else:
+            place = safe_cut(texts[t], at)
+            searched = (t, at, place)
+        if place is None or place >= end_slack:  # none, or near the end: between texts
+            if 0 < other < n:
+                ends_at.append((other, 0))
+            continue
+        own = cut_in.setdefault(t, [])
+        if not own or own[-1] < place:
+            own.append(place)
+            ends_at.append((t, len(own)))
+    if not cut_in:
+        pieces = texts
+        last = np.arange(n, dtype=np.int64)
+        first_piece = last
+    else:
+        pieces = []
+        extra = np.zeros(n, dtype=np.int64)
+        done = 0
+        for t in sorted(cut_in):
+            pieces.extend(texts[done:t])
+            text = texts[t]
+            places = [0, *cut_in[t], len(text)]
+            pieces.extend((text, a, b) for a, b in zip(places[:-1], places[1:]))
+            extra[t] = len(places) - 2
+            done = t + 1
+        pieces.extend(texts[done:])
+        before = np.cumsum(extra) - extra  # pieces added by the texts before each one
+        first_piece = np.arange(n, dtype=np.int64) + before
+        last = first_piece + extra
+    piece_bounds = sorted({int(first_piece[t]) + k for t, k in ends_at} - {0, len(pieces)})
+    edges = [0, *piece_bounds, len(pieces)]
+    return pieces, last, [pieces[a:b] for a, b in zip(edges[:-1], edges[1:])]
 
 
 def _piece_span(piece) -> tuple[str, int, int]:
-    """(text, start, end) of a piece from `_cut_long_texts` (a text of any str type, or a piece
-    of one as (text, start, end))."""
+    """(text, start, end) of a piece from `_split_into_groups` (a text of any str type, or a
+    piece of one as (text, start, end))."""
     return piece if type(piece) is tuple else (piece, 0, len(piece))
 
 
 def _piece_text(piece) -> str:
-    """The str of a piece from `_cut_long_texts`."""
+    """The str of a piece from `_split_into_groups`."""
     text, start, end = _piece_span(piece)
     return text if start == 0 and end == len(text) else text[start:end]
 

@@ -790,9 +790,9 @@ def test_encode_batch_equals_encode_of_each_text(gpt2, batch, threads):
 
 def test_small_batches_take_one_thread_and_few_groups(gpt2, monkeypatch):
     # Each group of a 2-thread batch costs ~0.1 ms of hand-offs: a batch takes a second thread
-    # from 384K characters on, and is cut into groups of at least 128K characters (one per
-    # thread at least, 8 per thread at most, each of at most `_GROUP_CHARS`). The real
-    # thresholds here, not conftest's.
+    # from 384K characters on, and is cut into groups of about equal size, of at least 128K
+    # characters (8 per thread at most, each of at most `_GROUP_CHARS`). The real thresholds
+    # here, not conftest's.
     monkeypatch.undo()
     from nbbpe import tokenizer as tk
 
@@ -801,8 +801,11 @@ def test_small_batches_take_one_thread_and_few_groups(gpt2, monkeypatch):
     assert tk._thread_count(2, 1000, 3 << 17, False) == 2
     assert tk._thread_count(4, 1000, 5 << 17, False) == 2
     assert tk._thread_count(2, 1, 1 << 22, False) == 1 and tk._thread_count(2, 1, 1 << 22, True) == 2
-    assert [tk._groups_for(n, 2) for n in (3 << 17, 1 << 19, 1 << 20, 2 << 20, 5 << 20)] == [2, 4, 8, 16, 16]
-    assert [tk._groups_for(n, 1) for n in (1000, 1 << 20, (1 << 20) + 1, 5 << 20)] == [1, 1, 2, 5]
+    sizes = [np.diff(tk._group_bounds(n, 2), prepend=0) for n in (3 << 17, 1 << 19, 1 << 20, 2 << 20, 5 << 20)]
+    assert [len(s) for s in sizes] == [3, 4, 8, 16, 16]
+    assert all(s.max() - s.min() <= 1 for s in sizes) and sizes[-1][0] == (5 << 20) // 16
+    assert [len(tk._group_bounds(n, 1)) for n in (1000, 1 << 20, (1 << 20) + 1, 5 << 20)] == [1, 1, 2, 5]
+    assert tk._group_bounds(0, 2).tolist() == [0] and tk._group_bounds(100 << 20, 2)[-1] == 100 << 20
     runs = []
     real = tk._run_groups
     monkeypatch.setattr(tk, "_run_groups", lambda threads, encode, groups, *args:
@@ -957,23 +960,58 @@ surrogate_texts = st.lists(st.one_of(pieces, st.sampled_from(SURROGATES)), max_s
 
 
 @settings(max_examples=60)
-@given(st.lists(st.one_of(texts, surrogate_texts), min_size=1, max_size=4), st.integers(1, 40))
-def test_long_texts_are_cut_where_their_ids_cannot_change(gpt2, batch, size):
-    from nbbpe.tokenizer import _cut_long_texts, _piece_text, _utf8
+@given(st.lists(st.one_of(texts, surrogate_texts), min_size=1, max_size=5), st.integers(1, 12))
+def test_batches_are_cut_into_groups_where_ids_cannot_change(gpt2, batch, groups):
+    from nbbpe.corpus import whitespace_cuts_allowed
+    from nbbpe.tokenizer import _piece_span, _piece_text, _safe_cuts_maker, _split_into_groups, _utf8
 
-    cut, last, lengths = _cut_long_texts(batch, size, gpt2.special_tokens, True)
-    pieces = [_piece_text(piece) for piece in cut]
-    assert lengths.tolist() == [len(piece) for piece in pieces]
+    lengths = np.array([len(text) for text in batch], dtype=np.int64)
+    total = int(lengths.sum())
+    bounds = np.unique((total * np.arange(1, groups + 1)) // groups)
+    cut = _safe_cuts_maker(gpt2.special_tokens, whitespace_cuts_allowed(gpt2.pattern))
+    pieces, last, made = _split_into_groups(batch, lengths, bounds, cut)
+    assert [p for group in made for p in group] == pieces and len(made) <= len(bounds)
+    assert all(made) or pieces == [] and made == [[]]
+    if pieces is not batch:
+        assert any(type(p) is tuple for p in pieces)
     first = [0, *(last[:-1] + 1).tolist()]
+    assert last[-1] == len(pieces) - 1
     for k, text in enumerate(batch):
         own = pieces[first[k] : last[k] + 1]
+        assert all(_piece_span(p)[0] is text for p in own)
         if len(own) == 1:  # not cut
-            assert own[0] is text and cut[first[k]] is text
+            assert own[0] is text
             continue
-        assert all(own) and "".join(own) == text
+        parts = [_piece_text(p) for p in own]
+        assert all(parts) and "".join(parts) == text
         # each piece's UTF-8 (lone surrogates as U+FFFD, as encode reads them) is its part
-        assert b"".join(map(_utf8, own)) == _utf8(text)
-        assert [i for piece in own for i in gpt2.encode(piece)] == gpt2.encode(text)
+        assert b"".join(map(_utf8, parts)) == _utf8(text)
+        assert [i for part in parts for i in gpt2.encode(part)] == gpt2.encode(text)
+
+
+def test_groups_end_near_their_bounds_inside_a_long_text_or_between_short_ones():
+    # multi_1M's groups had been cut apart from its longest text's pieces: of 22K and 324K
+    # characters for a target of 170K. A group ends at its bound's text's start or end if
+    # that is within a quarter of a group, else at the first safe place inside it.
+    from nbbpe.tokenizer import _safe_cuts_maker, _split_into_groups
+
+    words = "lorem ipsum dolor sit amet " * 4000  # 108,000 characters, cut after any word
+    batch = ["a" * 900, words, "b" * 1000, "c" * 50_000, "d" * 12_000, "e" * 4_000]
+    lengths = np.array([len(t) for t in batch], dtype=np.int64)
+    bounds = (int(lengths.sum()) * np.arange(1, 9)) // 8  # 22,000 each
+    pieces, last, groups = _split_into_groups(batch, lengths, bounds,
+                                              _safe_cuts_maker(["<|endoftext|>"], True))
+    sizes = [sum(len(p) if type(p) is str else p[2] - p[1] for p in group) for group in groups]
+    assert sum(sizes) == sum(lengths) and last.tolist() == [0, 5, 6, 7, 8, 9]
+    assert [type(p) for p in pieces[1:6]] == [tuple] * 5 and pieces[6] is batch[2]
+    # four groups end inside `words`, a word past their bounds (of 21,987 characters each); the
+    # fifth at the start of "c" * 50,000, 37 characters past its bound; that text has no safe
+    # place (no space), and the two bounds inside it go to its start and its end
+    assert all(abs(size - 21_987) < 60 for size in sizes[:5]) and groups[4][-1] is batch[2]
+    assert len(groups) == 7 and groups[5] == [batch[3]] and groups[6] == [batch[4], batch[5]]
+    none = _split_into_groups(["x" * 100] * 3, np.array([100] * 3), np.array([150, 300]),
+                              lambda text, at: None)
+    assert none[0] == ["x" * 100] * 3 and len(none[2]) == 2  # snapped to a text's end
 
 
 def test_text_cuts_avoid_special_tokens_and_surrogate_pairs():
