@@ -607,9 +607,9 @@ class Tokenizer:
         worth, reused). The threads turn the pieces into UTF-8, each while the other encodes.
         `lengths`: the texts' lengths."""
         total = int(lengths.sum())
-        cuts = _safe_cuts_maker(self.special_tokens, whitespace_cuts_allowed(self.pattern))
-        pieces, last_piece, groups = _split_into_groups(texts, lengths, _group_bounds(total, threads),
-                                                        cuts)
+        safe_cut = _safe_cuts_maker(self.special_tokens, whitespace_cuts_allowed(self.pattern))
+        bounds = _group_bounds(total, threads)
+        pieces, last_piece, groups = _split_into_groups(texts, lengths, bounds, safe_cut)
         encode = self._encode_pieces if pieces is texts else self._encode_cut_pieces
         joined = None
         if len(groups) > 1:  # (one group's ids are the result as they are)
@@ -1254,15 +1254,17 @@ def _split_into_groups(texts: list[str], lengths: np.ndarray, bounds: np.ndarray
     starts = ends - lengths
     sizes = np.diff(bounds, prepend=0)
     near = np.minimum(sizes, np.append(sizes[1:], sizes[-1])) // 4
-    # The text holding each bound's character, and whether the bound is near its start or end.
+    # The text holding each bound's character, and how far the bound is into it and from its end
     holding = np.searchsorted(ends, bounds[:-1], side="right")
     kept = holding < n
     holding, bound_at, slack = holding[kept], bounds[:-1][kept], near[:-1][kept]
     into = bound_at - starts[holding]
     left = ends[holding] - bound_at
-    between = (into <= slack) | (left <= slack)  # groups that end between texts: at which
+    # Groups that end between texts (t, 0): before text t, the holding text or the next one
+    between = (into <= slack) | (left <= slack)
     at_text = np.where((into <= slack) & (left > slack), holding, holding + 1)
     ends_at = [(t, 0) for t in at_text[between].tolist() if 0 < t < n]
+    # ... and groups that end inside text t, at its cut k (t, k), or after it if it has none
     cut_in: dict[int, list[int]] = {}  # text -> where it is cut
     searched = (-1, 0, None)  # (text, from, found): the last search, not made again (a text with
     # no safe place, searched to its end once per group, made cutting quadratic)

@@ -801,7 +801,8 @@ def test_small_batches_take_one_thread_and_few_groups(gpt2, monkeypatch):
     assert tk._thread_count(2, 1000, 3 << 17, False) == 2
     assert tk._thread_count(4, 1000, 5 << 17, False) == 2
     assert tk._thread_count(2, 1, 1 << 22, False) == 1 and tk._thread_count(2, 1, 1 << 22, True) == 2
-    sizes = [np.diff(tk._group_bounds(n, 2), prepend=0) for n in (3 << 17, 1 << 19, 1 << 20, 2 << 20, 5 << 20)]
+    sizes = [np.diff(tk._group_bounds(n, 2), prepend=0)
+             for n in (3 << 17, 1 << 19, 1 << 20, 2 << 20, 5 << 20)]
     assert [len(s) for s in sizes] == [3, 4, 8, 16, 16]
     assert all(s.max() - s.min() <= 1 for s in sizes) and sizes[-1][0] == (5 << 20) // 16
     assert [len(tk._group_bounds(n, 1)) for n in (1000, 1 << 20, (1 << 20) + 1, 5 << 20)] == [1, 1, 2, 5]
@@ -963,7 +964,8 @@ surrogate_texts = st.lists(st.one_of(pieces, st.sampled_from(SURROGATES)), max_s
 @given(st.lists(st.one_of(texts, surrogate_texts), min_size=1, max_size=5), st.integers(1, 12))
 def test_batches_are_cut_into_groups_where_ids_cannot_change(gpt2, batch, groups):
     from nbbpe.corpus import whitespace_cuts_allowed
-    from nbbpe.tokenizer import _piece_span, _piece_text, _safe_cuts_maker, _split_into_groups, _utf8
+    from nbbpe.tokenizer import (_piece_span, _piece_text, _safe_cuts_maker, _split_into_groups,
+                                 _utf8)
 
     lengths = np.array([len(text) for text in batch], dtype=np.int64)
     total = int(lengths.sum())
@@ -991,8 +993,9 @@ def test_batches_are_cut_into_groups_where_ids_cannot_change(gpt2, batch, groups
 
 def test_groups_end_near_their_bounds_inside_a_long_text_or_between_short_ones():
     # multi_1M's groups had been cut apart from its longest text's pieces: of 22K and 324K
-    # characters for a target of 170K. A group ends at its bound's text's start or end if
-    # that is within a quarter of a group, else at the first safe place inside it.
+    # characters for a target of 170K. A group ends after the text holding its bound, at its
+    # start if the bound is within a quarter of a group of that, and inside it, at its first
+    # safe place, if the bound is farther than that from both of its ends.
     from nbbpe.tokenizer import _safe_cuts_maker, _split_into_groups
 
     words = "lorem ipsum dolor sit amet " * 4000  # 108,000 characters, cut after any word
@@ -1006,12 +1009,17 @@ def test_groups_end_near_their_bounds_inside_a_long_text_or_between_short_ones()
     assert [type(p) for p in pieces[1:6]] == [tuple] * 5 and pieces[6] is batch[2]
     # four groups end inside `words`, a word past their bounds (of 21,987 characters each); the
     # fifth at the start of "c" * 50,000, 37 characters past its bound; that text has no safe
-    # place (no space), and the two bounds inside it go to its start and its end
+    # place (no space): the two bounds deeper inside it both end a group after it
     assert all(abs(size - 21_987) < 60 for size in sizes[:5]) and groups[4][-1] is batch[2]
     assert len(groups) == 7 and groups[5] == [batch[3]] and groups[6] == [batch[4], batch[5]]
     none = _split_into_groups(["x" * 100] * 3, np.array([100] * 3), np.array([150, 300]),
                               lambda text, at: None)
     assert none[0] == ["x" * 100] * 3 and len(none[2]) == 2  # snapped to a text's end
+    # short texts: a group ends after the one holding its bound, or before it if the bound is
+    # where it starts (25 and 75 fall inside texts 2 and 7, 50 where text 5 starts)
+    short = _split_into_groups(["x" * 10] * 10, np.array([10] * 10), np.array([25, 50, 75, 100]),
+                               lambda text, at: None)
+    assert [len(group) for group in short[2]] == [3, 2, 3, 2]
 
 
 def test_text_cuts_avoid_special_tokens_and_surrogate_pairs():
