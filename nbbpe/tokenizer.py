@@ -1242,7 +1242,7 @@ def _split_into_groups(texts: list[str], lengths: np.ndarray, bounds: np.ndarray
     (within a quarter of the smaller group beside the bound) and the text goes on for more than
     that; or, if the bound is far from both of its ends, inside it, at the first place
     `safe_cut(text, at)` allows (after it if there is none). Ending at the nearer end of a
-    short text instead made 2-thread web_5M 1.03-1.05x slower, in-process, for no reason found
+    short text instead made 2-thread web_5M 1.02-1.05x slower, in-process, for no reason found
     (its groups differed by a text here and there). `pieces`: the texts in order, a text cut
     into parts given as (text, start, end) (made a str by `_piece_text` in the thread that
     encodes it); `texts` itself if none is cut. `last`: the index of each text's last piece
