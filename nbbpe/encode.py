@@ -54,13 +54,13 @@ from numba import njit, types
 
 from .encode_tables import (
     CACHE_FIRST_ROOM,
-    VOCAB_SPREAD,
     LONG,
     MAX_SHORT,
     SPARE_IDS,
     SharedCache,
     TABLE_ITEMS,
     Table,
+    VOCAB_SPREAD,
     copy_ids,
     copy_short_ids,
     find,

@@ -1270,7 +1270,7 @@ def _split_into_groups(texts: list[str], lengths: np.ndarray, bounds: np.ndarray
     # no safe place, searched to its end once per group, made cutting quadratic)
     inside = np.flatnonzero((into > slack) & (left > slack))
     for t, at, end_slack in zip(holding[inside].tolist(), into[inside].tolist(),
-                                (lengths[holding] - slack)[inside].tolist()):
+                                (into + left - slack)[inside].tolist()):
         last_text, since, found = searched
         if last_text == t and since <= at and (found is None or at <= found):
             place = found
