@@ -1404,9 +1404,10 @@ def load_rare_kernels(ranks: Ranks, vocab: Table) -> None:
     `_HEAP_ABOVE` bytes, a cache that grows, a long text's UTF-8) if they are in Numba's
     cache, so that their first use does not load them then: loading takes ~10 ms holding the
     GIL, which on a first batch stops every other thread (a first 2-thread batch of multi_1M
-    took 29 ms, 21 with them loaded). Not cached yet: they compile when first needed."""
+    took 29 ms, 21 with them loaded). Not cached yet: they compile when first needed. (A batch's
+    UTF-8, `gather_utf8`, is not rare; it is loaded here all the same.)"""
     from .encode_tables import _rehash
-    from .text_bytes import utf8_into
+    from .text_bytes import gather_layout_known, gather_utf8
 
     if cached(encode_long_piece):
         text = np.frombuffer(b"x" * (_HEAP_ABOVE + 1), dtype=np.uint8)  # the types of real calls
@@ -1414,8 +1415,10 @@ def load_rare_kernels(ranks: Ranks, vocab: Table) -> None:
     if cached(_rehash):
         small = new_table(1, 16, 8)._replace(learns=True)
         _rehash(small, new_table(2, 16, 8)._replace(learns=True))
-    if cached(utf8_into):  # for a long text that is not ASCII (`text_bytes`)
-        utf8_into("\xe9", 0, 1, np.empty(4, dtype=np.uint8), 0)
+    if cached(gather_utf8) and gather_layout_known():  # a batch's UTF-8 (`text_bytes`)
+        texts = ["\xe9"]
+        gather_utf8(id(texts), 1, np.zeros(0, dtype=np.int64), np.empty(4, dtype=np.uint8),
+                    np.empty(1, dtype=np.int64))
 
 
 def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> np.ndarray:

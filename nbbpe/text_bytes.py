@@ -1,35 +1,38 @@
-"""A long Python str as the UTF-8 bytes the encode kernels read, without slicing it or holding
-the GIL to transcode it.
+"""Python str as the UTF-8 bytes the encode kernels read, without slicing them or holding the
+GIL to transcode them.
 
 `str.encode` of a slice copies the slice first (and for a str of 2 or 4 bytes a character, scans
 it to narrow it), then transcodes it, all holding the GIL, into fresh memory whose pages fault
 in: cutting a 4.5 MB text into groups this way took ~4 ms of a ~20 ms encode, while the other
-threads of a batch waited for the GIL. Here:
+threads of a batch waited for the GIL. And a batch's short texts, each made `bytes` by
+`str.encode` and then joined, were copied twice, holding the GIL. Here:
 
-- an ASCII str is its own UTF-8: its characters are read where CPython holds them
+- one long ASCII str is its own UTF-8: its characters are read where CPython holds them
   (`ascii_bytes`, no copy at all);
-- any other is transcoded from its characters (1, 2 or 4 bytes each, as CPython holds them) by a
-  compiled loop (`utf8_into`) that releases the GIL, into a buffer the thread keeps (so its
-  pages fault in once): 3.1-3.4 ms for 5 MB of web text against 7.3-7.8 for slicing it and
-  `str.encode` (CPython's transcoding is as fast on text of few ASCII characters, as CJK).
+- any other text, or a list of them, or pieces of them, is copied (ASCII) or transcoded (1, 2 or
+  4 bytes a character, as CPython holds them) by a compiled loop that reads each str where it
+  lies and releases the GIL (`gather_utf8`), into a buffer the thread keeps (so its pages fault
+  in once): a 2-thread batch of TinyStories' documents took 0.87-0.91x the time (web_5M
+  0.92x, multi_1M 0.93x) than with `str.encode` and joins; one long text of 5 MB of web text,
+  3.1-3.4 ms against 7.3-7.8 for slicing it and `str.encode`.
 
-Both take ~2-3 us to start (a ctypes call, Numba's unboxing of a str), so they are for long texts
-(the tokenizer's `_READ_IN_PLACE_FROM`); short ones are better served by `str.encode`. This module
-imports Numba, so the tokenizer imports it only when a long text comes (`import nbbpe` does not
-load Numba: 0.2 s against 0.5).
+The loop reads CPython's str objects by their layout (`gather_layout_known` checks it on sample
+strs first; if it is another, the callers use `str.encode`). This module imports Numba, so the
+tokenizer imports it only when a batch or a long text comes (`import nbbpe` does not load
+Numba: 0.2 s against 0.5).
 """
 
 from __future__ import annotations
 
 import ctypes
+import sys
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from .kernel_cache import announce_compiling, cached  # first: keys the cached kernels
-from .kernel_args import readonly_array_from
+from .kernel_args import (LIST_ITEMS_OFFSET, STR_ASCII_BIT, STR_LENGTH_OFFSET, STR_STATE_OFFSET,
+                          copy_bytes, data_address, load_word, readonly_array_from)
 from .scanners.classes import uindex
 
 # CPython keeps an ASCII str's characters as its UTF-8; `PyUnicode_AsUTF8AndSize` says where.
@@ -61,18 +64,6 @@ class _AsciiChars:
 def ascii_bytes(text: str) -> np.ndarray:
     """The UTF-8 bytes of ASCII `text`, a read-only uint8 array of the str's own memory."""
     return np.asarray(_AsciiChars(text))
-
-
-@intrinsic
-def _pointer_address(typingctx, pointer):
-    """A raw pointer (Numba's `voidptr`) as an int64 address."""
-    if not isinstance(pointer, types.RawPointer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.ptrtoint(args[0], ir.IntType(64))
-
-    return types.int64(pointer), codegen
 
 
 @njit(inline="always")
@@ -122,28 +113,114 @@ def _units_to_utf8(units, start, end, out, w):
     return w
 
 
-@njit(cache=True, nogil=True)
-def utf8_into(text, start, end, out, w):
-    """Write the UTF-8 of text[start:end] (a str; 0 <= start <= end <= len(text)) to out[w:],
-    which has room for 4 bytes a character; return where it ends, or -1 if it holds a lone
-    surrogate. Reads the characters where CPython holds them, 1, 2 or 4 bytes each."""
-    address = _pointer_address(text._data)
-    n = len(text)
-    if text._kind == 1:
-        return _units_to_utf8(readonly_array_from(address, n, np.uint8), start, end, out, w)
-    if text._kind == 2:
-        return _units_to_utf8(readonly_array_from(address, n, np.uint16), start, end, out, w)
-    return _units_to_utf8(readonly_array_from(address, n, np.uint32), start, end, out, w)
+# Where a compact str's characters start, from its address: right after its struct, which is
+# all of an empty str but the terminating 0 (`sys.getsizeof` counts the struct and the
+# characters), for an ASCII one (PyASCIIObject) and for another (PyCompactUnicodeObject).
+ASCII_DATA_OFFSET = sys.getsizeof("") - 1
+COMPACT_DATA_OFFSET = sys.getsizeof("\u0100") - 4  # one character and the 0, 2 bytes each
+_STR_KIND_SHIFT = 2  # the state bits: interned (2), kind (3), compact (1), ascii (1)
+_STR_COMPACT_BIT = 1 << 5
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def gather_utf8(texts, n, spans, out, ends):
+    """Write the UTF-8 of n str, the first items of the list at address `texts` (each whole,
+    or with `spans`, int64[2n], the characters spans[2k]:spans[2k + 1] of text k), to `out`
+    end to end, where each ends to ends[k]; return where the last ends. Or return -1 if one
+    holds a lone surrogate, or is not a compact str (a subclass's, or one made by an old C
+    API: then the caller makes it the slow way), or a span is out of its bounds; or -2 - the
+    room needed (4 bytes a character) if `out` has less. The list and its str must live and
+    not change meanwhile: the caller's own, not shared. Reads each str where CPython holds it,
+    with no Python call (so no GIL): an ASCII one copied as it is, another transcoded from its
+    1, 2 or 4 bytes a character."""
+    items = load_word(texts + LIST_ITEMS_OFFSET)
+    whole = spans.shape[0] == 0
+    room = np.int64(0)
+    for k in range(n):
+        if whole:
+            room += 4 * load_word(load_word(items + 8 * k) + STR_LENGTH_OFFSET)
+        else:
+            room += 4 * (spans[2 * k + 1] - spans[2 * k])
+    if room > out.shape[0]:
+        return -2 - room
+    w = np.int64(0)
+    for k in range(n):
+        text = load_word(items + 8 * k)
+        state = load_word(text + STR_STATE_OFFSET)
+        length = load_word(text + STR_LENGTH_OFFSET)
+        start = np.int64(0) if whole else spans[2 * k]
+        end = length if whole else spans[2 * k + 1]
+        if not 0 <= start <= end <= length:
+            return -1
+        if state & _STR_COMPACT_BIT == 0:  # its characters elsewhere (a subclass's, say)
+            return -1
+        if state & STR_ASCII_BIT:
+            copy_bytes(data_address(out) + w, text + ASCII_DATA_OFFSET + start, end - start)
+            w += end - start
+        else:
+            kind = (state >> _STR_KIND_SHIFT) & 7
+            data = text + COMPACT_DATA_OFFSET
+            if kind == 1:
+                w = _units_to_utf8(readonly_array_from(data, length, np.uint8), start, end, out, w)
+            elif kind == 2:
+                w = _units_to_utf8(readonly_array_from(data, length, np.uint16), start, end, out,
+                                   w)
+            else:
+                w = _units_to_utf8(readonly_array_from(data, length, np.uint32), start, end, out,
+                                   w)
+            if w < 0:
+                return -1
+        ends[k] = w
+    return w
 
 
 _loaded = False
+_gather_known: bool | None = None
 
 
-def transcode(text: str, start: int, end: int, out: np.ndarray, w: int) -> int:
-    """`utf8_into`, saying first if it is about to be compiled (~1.5 s, on a first run)."""
+def gather_layout_known() -> bool:
+    """Whether str objects here are laid out as `gather_utf8` reads them (checked once)."""
+    global _gather_known
+    if _gather_known is None:
+        from .kernel_args import load_int, object_layout_known
+
+        def read_as_laid_out(text: str) -> bool:
+            state = load_int(id(text) + STR_STATE_OFFSET) & 0xFF
+            width = max(map(ord, text), default=0)
+            kind = 1 if width < 256 else 2 if width < 65536 else 4
+            offset = ASCII_DATA_OFFSET if text.isascii() else COMPACT_DATA_OFFSET
+            held = ctypes.string_at(id(text) + offset, kind * len(text))
+            return (bool(state & _STR_COMPACT_BIT) and (state >> _STR_KIND_SHIFT) & 7 == kind
+                    and held == text.encode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind]))
+
+        _gather_known = object_layout_known() and all(
+            map(read_as_laid_out, ("Hi!", "é" * 5, "日本" + "x" * 40, "😀" * 3, "a" * 200)))
+    return _gather_known
+
+
+_WHOLE = np.zeros(0, dtype=np.int64)  # `gather_utf8`'s spans for whole texts
+
+
+def gather(texts: list, state, spans: np.ndarray | None = None) -> tuple | None:
+    """(UTF-8, where each text ends in it) of the str of `texts` (a list of the caller's own;
+    with `spans`, of text k's characters spans[2k]:spans[2k + 1]), made by `gather_utf8` in
+    the buffer that the thread's `state` keeps (so its pages fault in once); None if it cannot
+    be (a lone surrogate, a str laid out otherwise). Says first if `gather_utf8` is about to
+    be compiled (~0.7 s, on a first run)."""
     global _loaded
+    if not gather_layout_known():
+        return None
     if not _loaded:
-        if not cached(utf8_into):
+        if not cached(gather_utf8):
             announce_compiling()
         _loaded = True
-    return utf8_into(text, start, end, out, w)
+    if type(texts) is not list:  # (the loop reads a list's items)
+        texts = list(texts)
+    spans = _WHOLE if spans is None else spans
+    ends = np.empty(len(texts), dtype=np.int64)
+    buf = state.utf8_room(1)
+    w = gather_utf8(id(texts), len(texts), spans, buf, ends)
+    if w <= -2:  # too little room: -2 - the room it needs
+        buf = state.utf8_room(-2 - w)
+        w = gather_utf8(id(texts), len(texts), spans, buf, ends)
+    return None if w < 0 else (buf[:w], ends)

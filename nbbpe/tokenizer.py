@@ -636,7 +636,14 @@ class Tokenizer:
         return encoded if encoded is not None else self._encode_joined(pieces, dtype)
 
     def _encode_joined(self, pieces: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
-        """`_encode_pieces` of texts made one `bytes` by `str.encode` and joins."""
+        """`_encode_pieces` of texts made one UTF-8 buffer: by a compiled loop that reads each
+        str where it lies, without the GIL (`text_bytes.gather`: TinyStories' 4.5 MB in 0.33 ms
+        where `str.encode` and joins took 1.4 ms, holding the GIL); else by those."""
+        from . import text_bytes  # (it imports Numba: not with nbbpe)
+
+        made = text_bytes.gather(pieces, self._thread_state())
+        if made is not None:
+            return self.encode_utf8(*made, dtype=dtype)
         if all(map(str.isascii, pieces)):  # isascii: O(1); map: no Python frame per piece
             data = "".join(pieces).encode("ascii")  # as many bytes as characters
         else:
@@ -673,22 +680,15 @@ class Tokenizer:
     def _utf8_in_place(self, spans: list) -> tuple[np.ndarray, np.ndarray | None] | None:
         """(UTF-8, where each span ends in it) of text[start:end] for each (text, start, end)
         of `spans`, without slicing the texts or holding the GIL to make it (`text_bytes`): one
-        ASCII span read where the str holds it (ends None: one text), others transcoded into
+        ASCII span read where the str holds it (ends None: one text), others gathered into
         this thread's buffer. None if one holds a lone surrogate."""
         from . import text_bytes  # (it imports Numba: not with nbbpe)
 
         if len(spans) == 1 and spans[0][0].isascii():
             text, start, end = spans[0]
             return text_bytes.ascii_bytes(text)[start:end], None
-        buf = self._thread_state().utf8_room(4 * sum(end - start for _, start, end in spans))
-        ends = np.empty(len(spans), dtype=np.int64)
-        w = 0
-        for k, (text, start, end) in enumerate(spans):
-            w = text_bytes.transcode(text, start, end, buf, w)
-            if w < 0:
-                return None
-            ends[k] = w
-        return buf[:w], ends
+        bounds = np.array([at for _, start, end in spans for at in (start, end)], dtype=np.int64)
+        return text_bytes.gather([text for text, _, _ in spans], self._thread_state(), bounds)
 
     def _encode_group(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
         """(ids as `dtype`, where each text's ids end) of `texts`, in this thread."""

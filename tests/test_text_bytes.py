@@ -1,5 +1,5 @@
-"""A long str's UTF-8 read where CPython holds it, or transcoded by a compiled loop (text_bytes),
-and the encoding paths that use it, against `str.encode` and the bytes API."""
+"""Str's UTF-8 read where CPython holds it, or gathered by a compiled loop (text_bytes), and the
+encoding paths that use it, against `str.encode` and the bytes API."""
 
 import gc
 import sys
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import nbbpe.tokenizer
 from nbbpe import text_bytes
-from nbbpe.text_bytes import ascii_bytes, utf8_into
+from nbbpe.text_bytes import ascii_bytes, gather_utf8
 from nbbpe.tokenizer import _utf8
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -22,41 +22,91 @@ EOT = "<|endoftext|>"
 EDGES = "\x00\x7f\x80\xff\u0100\u07ff\u0800\ud7ff\ue000\uffff\U00010000\U0010ffff"
 
 
-def transcoded(text, start=0, end=None, at=0):
-    """(what utf8_into returns, the bytes it wrote) for text[start:end] written at `at`."""
-    end = len(text) if end is None else end
-    out = np.full(at + 4 * (end - start) + 8, 0xAA, dtype=np.uint8)
-    w = utf8_into(text, start, end, out, at)
-    assert (out[:at] == 0xAA).all()  # nothing before `at` is touched
-    return w, out[at:max(w, at)].tobytes()
+def gathered(texts, spans=None, room=None):
+    """(what gather_utf8 returns, the bytes it wrote, where each text ended) for `texts`, whole
+    or by `spans` ((start, end) each), into a buffer of `room` bytes (default: as asked)."""
+    bounds = np.array([at for span in spans for at in span] if spans else [], dtype=np.int64)
+    chars = sum(end - start for start, end in spans) if spans else sum(map(len, texts))
+    out = np.full((4 * chars if room is None else room) + 8, 0xAA, dtype=np.uint8)
+    ends = np.full(len(texts), -7, dtype=np.int64)
+    w = gather_utf8(id(texts), len(texts), bounds, out[: len(out) - 8], ends)
+    assert (out[len(out) - 8 :] == 0xAA).all()  # nothing past the buffer is touched
+    return w, out[: max(w, 0)].tobytes(), ends.tolist()
 
 
-@given(st.text(), st.data())
+def transcoded(text, start=0, end=None):
+    """(what gather_utf8 returns, the bytes it wrote) for text[start:end] alone."""
+    w, written, _ = gathered([text], [(start, len(text) if end is None else end)])
+    return w, written
+
+
+# Any characters, lone surrogates too (st.text leaves them out).
+ANY_TEXT = st.text(st.one_of(st.characters(), st.sampled_from("\ud800\udbff\udc00\udfff")))
+
+
+@given(st.lists(ANY_TEXT, max_size=6), st.data())
 @settings(max_examples=300)
-def test_utf8_into_writes_what_str_encode_gives(text, data):
-    start = data.draw(st.integers(0, len(text)))
-    end = data.draw(st.integers(start, len(text)))
-    at = data.draw(st.integers(0, 20))
-    w, written = transcoded(text, start, end, at)
-    assert written == text[start:end].encode() and w == at + len(written)
+def test_gather_utf8_writes_what_str_encode_gives(texts, data):
+    spans = [(a, data.draw(st.integers(a, len(text))))
+             for text in texts for a in [data.draw(st.integers(0, len(text)))]]
+    for bounds in (None, spans):
+        parts = texts if bounds is None else [text[a:b] for text, (a, b) in zip(texts, spans)]
+        w, written, ends = gathered(texts, bounds)
+        if any("\ud800" <= c <= "\udfff" for part in parts for c in part):
+            assert w == -1  # a lone surrogate: the caller makes it the slow way
+            continue
+        assert written == "".join(parts).encode() and w == len(written)
+        assert ends == np.cumsum([len(p.encode()) for p in parts], dtype=np.int64).tolist()
 
 
 @pytest.mark.parametrize("filler", ["a", "\xe9", "\u0416", "\U0001f642"])  # each str kind
-def test_utf8_into_on_every_kind_and_edge(filler):
+def test_gather_utf8_on_every_kind_and_edge(filler):
     # runs of ASCII (copied eight at a time) broken at every place by the edge characters
+    texts = []
     for k, c in enumerate(EDGES):
         text = filler * 3 + "plain ascii run " * 2 + c + "x" * k + filler + c
         assert transcoded(text) == (len(text.encode()), text.encode())
         assert transcoded(text, 1, len(text) - 1)[1] == text[1:-1].encode()
+        texts.append(text)
+    texts += ["", "ascii only", "".join(["made ", "here"]) * 9]
+    assert gathered(texts)[1] == "".join(texts).encode()
 
 
-def test_utf8_into_says_where_a_lone_surrogate_stops_it():
+def test_gather_utf8_says_what_it_cannot_do():
     for surrogate in ("\ud800", "\udbff", "\udc00", "\udfff"):
         text = "abcdefghij" + surrogate + "k\U0001f642"
         assert transcoded(text)[0] == -1
         assert transcoded(text, 0, 10) == (10, b"abcdefghij")  # not within the range asked
         assert transcoded(text, 11)[1] == "k\U0001f642".encode()
     assert transcoded("\ud83d\ude42")[0] == -1  # a pair of lone surrogates: `_utf8` joins them
+    for start, end in ((0, 4), (-1, 2), (2, 1)):  # spans out of the text's bounds
+        assert transcoded("abc", start, end)[0] == -1
+    class Text(str):  # a subclass's characters are not in its object: not read
+        pass
+
+    for text in (Text("abc"), Text("caf\xe9"), np.str_("abc")):
+        assert gathered(["ok", text])[0] == -1
+    # too little room: -2 - the room it needs (4 bytes a character), nothing written
+    texts = ["abc", "\xe9t\xe9"]
+    assert gathered(texts, room=23) == (-2 - 24, b"", [-7, -7])
+    assert gathered(texts, room=24)[:2] == (8, "abc\xe9t\xe9".encode())
+    assert gathered(texts, [(1, 3), (0, 2)], room=15)[0] == -2 - 16  # 4 characters asked
+    assert gathered(texts, [(1, 3), (0, 2)], room=16)[:2] == (5, "bc\xe9t".encode())
+
+
+def test_gather_reads_strs_as_this_cpython_lays_them_out(gpt2_files):
+    # The fast path is the one tested here: this CPython's str objects are laid out as the loop
+    # reads them. A list the thread makes from a batch goes through it, into the thread's buffer.
+    from nbbpe import Tokenizer
+
+    assert text_bytes.gather_layout_known()
+    tok = Tokenizer(*gpt2_files, [EOT])
+    state = tok._thread_state()
+    texts = ["caf\xe9 ", "plain", "\U0001f642!"] * 100
+    buf, ends = text_bytes.gather(texts, state)
+    assert buf.tobytes() == "".join(texts).encode() and ends[-1] == len(buf)
+    assert np.shares_memory(buf, state.utf8)
+    assert text_bytes.gather(["ok", "lone \udc80"], state) is None
 
 
 def test_ascii_bytes_are_the_strs_own_memory_and_keep_it_alive():
@@ -110,11 +160,16 @@ def test_texts_longer_than_the_short_path_takes_are_read_in_place(gpt2_files, mo
     tok = Tokenizer(*gpt2_files, [EOT])
     reference = Tokenizer(*gpt2_files, [EOT])  # (its calls would grow `tok`'s buffers)
     read_in_place, transcodes = [], []
-    real_ascii_bytes, real_utf8_into = text_bytes.ascii_bytes, text_bytes.utf8_into
+    real_ascii_bytes, real_gather = text_bytes.ascii_bytes, text_bytes.gather
+
+    def gather(texts, state, spans=None):
+        chars = sum(map(len, texts)) if spans is None else int((spans[1::2] - spans[::2]).sum())
+        transcodes.append(chars)
+        return real_gather(texts, state, spans)
+
     monkeypatch.setattr(text_bytes, "ascii_bytes",
                         lambda text: read_in_place.append(len(text)) or real_ascii_bytes(text))
-    monkeypatch.setattr(text_bytes, "utf8_into",
-                        lambda *args: transcodes.append(args[2] - args[1]) or real_utf8_into(*args))
+    monkeypatch.setattr(text_bytes, "gather", gather)
     for first in ("a first text", "a second: it readies the short path"):
         tok.encode(first)
     room = tok._thread_state().text_room
