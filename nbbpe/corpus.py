@@ -59,6 +59,18 @@ UTF8_ERROR_POLICIES = ("strict", "replace")
 # nothing is assumed.
 _WHITESPACE_BOUNDARY = regex.compile(rb"[A-Za-z0-9](?=[ \n])")
 _WHITESPACE_TEXT_BOUNDARY = regex.compile(r"[A-Za-z0-9](?=[ \n])")
+# In a str, where the compiled scanners' patterns allow more (the cut is where a match ends):
+# GPT-2's pre-tokens never hold a non-space character followed by whitespace, cl100k's and
+# o200k's never a letter or digit followed by it (their punctuation takes the newlines after
+# it). So text without ASCII (Cyrillic, Greek, or CJK between newlines with GPT-2's pattern) can
+# be cut too. The rules of `Tokenizer._safe_cut`, proven with hypothesis in
+# tests/test_exactness.py.
+_NON_SPACE_BEFORE_SPACE = regex.compile(r"\S(?=\s)")
+_LETTER_OR_DIGIT_BEFORE_SPACE = regex.compile(r"[\p{L}\p{N}](?=\s)")
+_TEXT_CUT_RULES = {GPT2_PATTERN: _NON_SPACE_BEFORE_SPACE,
+                   TIKTOKEN_GPT2_PATTERN: _NON_SPACE_BEFORE_SPACE,
+                   CL100K_PATTERN: _LETTER_OR_DIGIT_BEFORE_SPACE,
+                   O200K_PATTERN: _LETTER_OR_DIGIT_BEFORE_SPACE}
 _SURROGATE = regex.compile("[\ud800-\udfff]")
 WHITESPACE_CUT_PATTERNS = frozenset({GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN, CL100K_PATTERN,
                                      O200K_PATTERN})
@@ -359,14 +371,15 @@ def iter_safe_boundaries(
 
 
 def safe_text_cuts(text: str, chunk_chars: int, special_tokens: Sequence[str] = (), *,
-                   whitespace_cuts: bool = True) -> Iterator[int]:
+                   whitespace_cuts: bool = True, pattern: str | None = None) -> Iterator[int]:
     """Safe places to cut a str (character positions, ascending, about `chunk_chars` apart):
     each the first `safe_text_cut` at or after the last one plus `chunk_chars`."""
     if chunk_chars < 1:
         raise ValueError(f"chunk_chars must be positive, got {chunk_chars}")
     target = chunk_chars
     while target < len(text):
-        cut = safe_text_cut(text, target, special_tokens, whitespace_cuts=whitespace_cuts)
+        cut = safe_text_cut(text, target, special_tokens, whitespace_cuts=whitespace_cuts,
+                            pattern=pattern)
         if cut is None:
             return
         yield cut
@@ -374,36 +387,45 @@ def safe_text_cuts(text: str, chunk_chars: int, special_tokens: Sequence[str] = 
 
 
 def safe_text_cut(text: str, at: int, special_tokens: Sequence[str] = (), *,
-                  whitespace_cuts: bool = True) -> int | None:
-    """The first safe place to cut a str at or after character `at` (0 < place < len(text)),
-    or None: the same rules as `safe_boundary_after`, in characters, for a text held whole. The
-    text on either side of such a place, turned into UTF-8 on its own (lone surrogates becoming
-    U+FFFD, as `Tokenizer.encode` does), is the whole text's UTF-8 on that side: the places lie
-    next to ASCII characters (a letter or digit, then a space or newline) or at a special
-    token's first character, never inside a surrogate pair. Cutting the str, not its UTF-8,
-    spares encoding a long text to find them (0.6 ms for multi_1M's longest, holding the GIL).
+                  whitespace_cuts: bool = True, pattern: str | None = None,
+                  before: int | None = None) -> int | None:
+    """The first safe place to cut a str at or after character `at` (0 < place < len(text),
+    and place < `before` if given: the search stops there), or None: the same rules as
+    `safe_boundary_after`, in characters, for a text held whole; with `pattern` one of the
+    built-in ones, its own wider rule (`_TEXT_CUT_RULES`). The text on either side of such a
+    place, turned into UTF-8 on its own (lone surrogates becoming U+FFFD, as `Tokenizer.encode`
+    does), is the whole text's UTF-8 on that side: the places lie just before whitespace (after
+    an ASCII letter or digit, by default) or at a special token's first character, never inside
+    a surrogate pair. Cutting the str, not its UTF-8, spares encoding a long text to find them
+    (0.6 ms for multi_1M's longest, holding the GIL).
 
     When a special token contains U+FFFD, a lone surrogate of the text may become part of an
     occurrence that the str does not show: then no place is safe."""
     if any("\ufffd" in t or _has_surrogate(t) for t in special_tokens):
         return None
     specials = [t for t in special_tokens if t]
-    return _safe_text_cut_after(text, max(at, 1), specials, whitespace_cuts)
+    rule = None
+    if whitespace_cuts:
+        rule = _TEXT_CUT_RULES.get(pattern, _WHITESPACE_TEXT_BOUNDARY)
+    limit = len(text) if before is None else min(len(text), before)
+    place = _safe_text_cut_after(text, max(at, 1), specials, rule, limit)
+    return place if place is not None and place < limit else None
 
 
 def _has_surrogate(text: str) -> bool:
     return _SURROGATE.search(text) is not None
 
 
-def _safe_text_cut_after(text: str, start: int, specials: list[str],
-                         whitespace_cuts: bool) -> int | None:
-    """The first safe place at or after `start` inside `text` (0 < place < len(text)), or None.
+def _safe_text_cut_after(text: str, start: int, specials: list[str], rule,
+                         limit: int) -> int | None:
+    """The first safe place at or after `start` inside `text` (0 < place < len(text)), or None,
+    searched up to `limit`; whitespace cuts where `rule` (a compiled regex, or None) matches.
     Looked for a window at a time, so that the search for each cut reads about as far as the
     cut (`str.find` over the rest of a long text for every cut made cutting quadratic)."""
     window = 1 << 12
     longest = max(map(len, specials), default=1)
-    while start < len(text):
-        end = min(start + window, len(text))
+    while start < limit:
+        end = min(start + window, limit)
         best = None
         pos = start
         while specials:  # the first occurrence that starts in the window and none covers
@@ -415,10 +437,10 @@ def _safe_text_cut_after(text: str, start: int, specials: list[str],
                 best = first
                 break
             pos = first + 1
-        if whitespace_cuts:
+        if rule is not None:
             pos = start
             stop = end if best is None else best
-            while (match := _WHITESPACE_TEXT_BOUNDARY.search(text, pos, stop + 1)) is not None:
+            while (match := rule.search(text, pos, stop + 1)) is not None:
                 # (stop + 1: the lookahead sees the character at `stop`)
                 if not _covered_by_special(text, match.end(), specials):
                     return match.end()

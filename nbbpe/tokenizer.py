@@ -607,7 +607,7 @@ class Tokenizer:
         worth, reused). The threads turn the pieces into UTF-8, each while the other encodes.
         `lengths`: the texts' lengths."""
         total = int(lengths.sum())
-        safe_cut = _safe_cuts_maker(self.special_tokens, whitespace_cuts_allowed(self.pattern))
+        safe_cut = _safe_cuts_maker(self.special_tokens, self.pattern)
         bounds = _group_bounds(total, threads)
         pieces, last_piece, groups = _split_into_groups(texts, lengths, bounds, safe_cut)
         encode = self._encode_pieces if pieces is texts else self._encode_cut_pieces
@@ -1227,11 +1227,15 @@ def _join_parts(parts, n_texts: int) -> tuple[np.ndarray, np.ndarray]:
     return (parts[0][0] if len(parts) == 1 else np.concatenate([ids for ids, _ in parts])), offsets
 
 
-def _safe_cuts_maker(special_tokens, whitespace_cuts: bool):
-    """cut(text, at): the first place at or after `at` where `text` can be cut without changing
-    its ids (`corpus.safe_text_cut`), or None."""
-    def cut(text: str, at: int) -> int | None:
-        return safe_text_cut(text, at, special_tokens, whitespace_cuts=whitespace_cuts)
+def _safe_cuts_maker(special_tokens, pattern: str):
+    """cut(text, at, before): the first place at or after `at` (and before `before`) where
+    `text`, pre-tokenized with `pattern`, can be cut without changing its ids
+    (`corpus.safe_text_cut`), or None."""
+    whitespace_cuts = whitespace_cuts_allowed(pattern)
+
+    def cut(text: str, at: int, before: int) -> int | None:
+        return safe_text_cut(text, at, special_tokens, whitespace_cuts=whitespace_cuts,
+                             pattern=pattern, before=before)
     return cut
 
 
@@ -1241,9 +1245,9 @@ def _split_into_groups(texts: list[str], lengths: np.ndarray, bounds: np.ndarray
     A group ends after the text that holds its bound; or at its start, if the bound is near it
     (within a quarter of the smaller group beside the bound) and the text goes on for more than
     that; or, if the bound is far from both of its ends, inside it, at the first place
-    `safe_cut(text, at)` allows (after it if there is none). Ending at the nearer end of a
-    short text instead made 2-thread web_5M 1.02-1.05x slower, in-process, for no reason found
-    (its groups differed by a text here and there). `pieces`: the texts in order, a text cut
+    `safe_cut(text, at, before)` allows before that quarter at its end (else after it). Ending
+    at the nearer end of a short text instead made 2-thread web_5M 1.02-1.05x slower,
+    in-process, for no reason found (its groups differed by a text here and there). `pieces`: the texts in order, a text cut
     into parts given as (text, start, end) (made a str by `_piece_text` in the thread that
     encodes it); `texts` itself if none is cut. `last`: the index of each text's last piece
     (int64). `groups`: lists of consecutive pieces, none empty unless the batch is."""
@@ -1266,18 +1270,19 @@ def _split_into_groups(texts: list[str], lengths: np.ndarray, bounds: np.ndarray
     ends_at = [(t, 0) for t in at_text[between].tolist() if 0 < t < n]
     # ... and groups that end inside text t, at its cut k (t, k), or after it if it has none
     cut_in: dict[int, list[int]] = {}  # text -> where it is cut
-    searched = (-1, 0, None)  # (text, from, found): the last search, not made again (a text with
-    # no safe place, searched to its end once per group, made cutting quadratic)
+    searched = (-1, 0, 0, None)  # (text, from, up to, found): the last search, not made again
+    # (a text with no safe place, searched to its end once per group, made cutting quadratic)
     inside = np.flatnonzero((into > slack) & (left > slack))
     for t, at, end_slack in zip(holding[inside].tolist(), into[inside].tolist(),
                                 (into + left - slack)[inside].tolist()):
-        last_text, since, found = searched
-        if last_text == t and since <= at and (found is None or at <= found):
-            place = found
-        else:
-            place = safe_cut(texts[t], at)
-            searched = (t, at, place)
-        if place is None or place >= end_slack:  # none, or near the end: after the text
+        last_text, since, up_to, found = searched
+        if (last_text == t and since <= at
+                and (at <= found if found is not None else end_slack <= up_to)):
+            place = found if found is None or found < end_slack else None
+        else:  # searched no further than where the group would end after the text anyway
+            place = safe_cut(texts[t], at, end_slack)
+            searched = (t, at, end_slack, place)
+        if place is None:  # none, or only near the end: after the text
             if t + 1 < n:
                 ends_at.append((t + 1, 0))
             continue

@@ -128,6 +128,12 @@ def file_rule_cuts(text: str) -> list[int]:
     return [i for i in range(1, len(text)) if len(text[:i].encode("utf-8")) in byte_cuts]
 
 
+def text_rule_cuts(text: str, pattern: str) -> list[int]:
+    """Every place `corpus.safe_text_cut` may cut text with `pattern` (a batch's groups, a long
+    text's pieces), no special tokens given."""
+    return list(corpus.safe_text_cuts(text, 1, [], pattern=pattern))
+
+
 def tokenizer_rule_cuts(text: str, pattern: str) -> list[int]:
     """Positions where `Tokenizer._safe_cut` may cut text with `pattern`."""
     rule = tokenizer_module._PATTERN_CUTS[pattern]
@@ -146,6 +152,7 @@ def assert_cuts_keep_pretokens(pattern: str, text: str, cuts: list[int]):
 def test_the_proven_patterns_are_the_built_in_ones():
     assert set(WHITESPACE_CUT_PATTERNS) == set(BUILT_IN)
     assert set(tokenizer_module._PATTERN_CUTS) == set(BUILT_IN)
+    assert set(corpus._TEXT_CUT_RULES) == set(BUILT_IN)
     for pattern in CUSTOM:
         assert not corpus.whitespace_cuts_allowed(pattern)
         assert Tokenizer({i: bytes([i]) for i in range(256)}, [], pattern=pattern)._cut is None
@@ -156,6 +163,7 @@ def test_the_proven_patterns_are_the_built_in_ones():
 def test_whitespace_cuts_keep_the_pretokens_of_built_in_patterns(text, pattern):
     assert_cuts_keep_pretokens(pattern, text, file_rule_cuts(text))
     assert_cuts_keep_pretokens(pattern, text, tokenizer_rule_cuts(text, pattern))
+    assert_cuts_keep_pretokens(pattern, text, text_rule_cuts(text, pattern))
 
 
 def test_the_rules_would_be_wrong_for_custom_patterns():

@@ -963,14 +963,13 @@ surrogate_texts = st.lists(st.one_of(pieces, st.sampled_from(SURROGATES)), max_s
 @settings(max_examples=60)
 @given(st.lists(st.one_of(texts, surrogate_texts), min_size=1, max_size=5), st.integers(1, 12))
 def test_batches_are_cut_into_groups_where_ids_cannot_change(gpt2, batch, groups):
-    from nbbpe.corpus import whitespace_cuts_allowed
     from nbbpe.tokenizer import (_piece_span, _piece_text, _safe_cuts_maker, _split_into_groups,
                                  _utf8)
 
     lengths = np.array([len(text) for text in batch], dtype=np.int64)
     total = int(lengths.sum())
     bounds = np.unique((total * np.arange(1, groups + 1)) // groups)
-    cut = _safe_cuts_maker(gpt2.special_tokens, whitespace_cuts_allowed(gpt2.pattern))
+    cut = _safe_cuts_maker(gpt2.special_tokens, gpt2.pattern)
     pieces, last, made = _split_into_groups(batch, lengths, bounds, cut)
     assert [p for group in made for p in group] == pieces and len(made) <= len(bounds)
     assert all(made) or pieces == [] and made == [[]]
@@ -1003,7 +1002,7 @@ def test_groups_end_near_their_bounds_inside_a_long_text_or_between_short_ones()
     lengths = np.array([len(t) for t in batch], dtype=np.int64)
     bounds = (int(lengths.sum()) * np.arange(1, 9)) // 8  # 22,000 each
     pieces, last, groups = _split_into_groups(batch, lengths, bounds,
-                                              _safe_cuts_maker(["<|endoftext|>"], True))
+                                              _safe_cuts_maker(["<|endoftext|>"], GPT2_PATTERN))
     sizes = [sum(len(p) if type(p) is str else p[2] - p[1] for p in group) for group in groups]
     assert sum(sizes) == sum(lengths) and last.tolist() == [0, 5, 6, 7, 8, 9]
     assert [type(p) for p in pieces[1:6]] == [tuple] * 5 and pieces[6] is batch[2]
@@ -1013,12 +1012,12 @@ def test_groups_end_near_their_bounds_inside_a_long_text_or_between_short_ones()
     assert all(abs(size - 21_987) < 60 for size in sizes[:5]) and groups[4][-1] is batch[2]
     assert len(groups) == 7 and groups[5] == [batch[3]] and groups[6] == [batch[4], batch[5]]
     none = _split_into_groups(["x" * 100] * 3, np.array([100] * 3), np.array([150, 300]),
-                              lambda text, at: None)
+                              lambda text, at, before: None)
     assert none[0] == ["x" * 100] * 3 and len(none[2]) == 2  # snapped to a text's end
     # short texts: a group ends after the one holding its bound, or before it if the bound is
     # where it starts (25 and 75 fall inside texts 2 and 7, 50 where text 5 starts)
     short = _split_into_groups(["x" * 10] * 10, np.array([10] * 10), np.array([25, 50, 75, 100]),
-                               lambda text, at: None)
+                               lambda text, at, before: None)
     assert [len(group) for group in short[2]] == [3, 2, 3, 2]
 
 
@@ -1040,6 +1039,27 @@ def test_text_cuts_avoid_special_tokens_and_surrogate_pairs():
     assert list(safe_text_cuts("ab \ud800 cd " * 30, 4, ["\ufffd"])) == []
     with pytest.raises(ValueError, match="chunk_chars"):
         list(safe_text_cuts(text, 0))
+
+
+def test_text_cuts_follow_the_pattern_and_stop_where_asked():
+    # By default a cut follows an ASCII letter or digit; the built-in patterns allow more (GPT-2's
+    # any non-space character, cl100k's and o200k's any letter or digit), so that text without
+    # ASCII can be cut for the threads too. `before` ends the search.
+    from nbbpe import O200K_PATTERN
+    from nbbpe.corpus import safe_text_cut
+
+    assert [safe_text_cut("ab cd ef", at) for at in (1, 3, 6)] == [2, 5, None]
+    assert safe_text_cut("ab cd ef", 3, before=5) is None
+    assert safe_text_cut("ab cd ef", 3, before=6) == 5
+    russian = "Привет, мир\nи всё"
+    assert safe_text_cut(russian, 1) is None
+    for pattern in (GPT2_PATTERN, CL100K_PATTERN, O200K_PATTERN):
+        assert safe_text_cut(russian, 1, pattern=pattern) == (7 if pattern == GPT2_PATTERN else 11)
+        assert safe_text_cut(russian, 1, pattern=pattern, whitespace_cuts=False) is None
+    chinese = "你好。\n世界。"  # punctuation before a newline: cl100k's and o200k's take both
+    assert safe_text_cut(chinese, 1, pattern=GPT2_PATTERN) == 3
+    assert safe_text_cut(chinese, 1, pattern=CL100K_PATTERN) is None
+    assert safe_text_cut(chinese, 1, pattern=O200K_PATTERN) is None
 
 
 def test_one_tokenizer_shared_by_many_threads(gpt2_files):
