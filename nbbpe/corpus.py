@@ -57,16 +57,21 @@ UTF8_ERROR_POLICIES = ("strict", "replace")
 # A letter or digit followed by a space or newline: with these patterns a pre-token always ends
 # between the two (proven with hypothesis in tests/test_exactness.py); with any other pattern
 # nothing is assumed.
-_WHITESPACE_BOUNDARY = regex.compile(rb"[A-Za-z0-9](?=[ \n])")
-_WHITESPACE_TEXT_BOUNDARY = regex.compile(r"[A-Za-z0-9](?=[ \n])")
-# In a str, where the compiled scanners' patterns allow more (the cut is where a match ends):
-# GPT-2's pre-tokens never hold a non-space character followed by whitespace, cl100k's and
-# o200k's never a letter or digit followed by it (their punctuation takes the newlines after
-# it). So text without ASCII (Cyrillic, Greek, or CJK between newlines with GPT-2's pattern) can
-# be cut too. The rules of `Tokenizer._safe_cut`, proven with hypothesis in
-# tests/test_exactness.py.
-_NON_SPACE_BEFORE_SPACE = regex.compile(r"\S(?=\s)")
-_LETTER_OR_DIGIT_BEFORE_SPACE = regex.compile(r"[\p{L}\p{N}](?=\s)")
+# (The boundary is where a match starts. A match starts at the space or newline, which text has
+# few of: a rule that began with the letter, `[A-Za-z0-9](?=[ \n])`, tried every letter, 50 ns
+# a byte on text without whitespace, such as a base64 blob, where this takes 2-3.)
+_WHITESPACE_BOUNDARY = regex.compile(rb"(?<=[A-Za-z0-9])[ \n]")
+# The same in a str, where the cut is the start of the group `cut` of a match (each rule's
+# matches start at a whitespace character too: 2-6 ns a character on text without any).
+_WHITESPACE_TEXT_BOUNDARY = regex.compile(r"(?<=[A-Za-z0-9])(?P<cut>)[ \n]")
+# Where the compiled scanners' patterns allow more: GPT-2's pre-tokens never hold a non-space
+# character followed by whitespace; cl100k's and o200k's never a letter or digit followed by
+# whitespace (their punctuation takes the newlines after it), nor a newline followed by a letter
+# or digit. So text without ASCII (Cyrillic, Greek, or CJK between newlines) can be cut too.
+# Proven with hypothesis in tests/test_exactness.py, as `Tokenizer._safe_cut`'s rules are.
+_NON_SPACE_BEFORE_SPACE = regex.compile(r"(?<=\S)(?P<cut>)\s")
+_LETTER_OR_DIGIT_BEFORE_SPACE = regex.compile(
+    r"(?<=[\p{L}\p{N}])(?P<cut>)\s|\n(?P<cut>)(?=[\p{L}\p{N}])")
 _TEXT_CUT_RULES = {GPT2_PATTERN: _NON_SPACE_BEFORE_SPACE,
                    TIKTOKEN_GPT2_PATTERN: _NON_SPACE_BEFORE_SPACE,
                    CL100K_PATTERN: _LETTER_OR_DIGIT_BEFORE_SPACE,
@@ -308,10 +313,10 @@ def safe_boundary_after(buf: bytes, start: int, specials: Sequence[bytes], *,
         return None
     pos = start
     while True:
-        match = _WHITESPACE_BOUNDARY.search(buf, pos)
-        if match is None or match.end() >= limit:
+        match = _WHITESPACE_BOUNDARY.search(buf, pos + 1)  # a letter at pos or after
+        if match is None or match.start() >= limit:
             return None
-        boundary = match.end()
+        boundary = match.start()
         if safe(boundary):
             return boundary
         pos = boundary
@@ -419,7 +424,8 @@ def _has_surrogate(text: str) -> bool:
 def _safe_text_cut_after(text: str, start: int, specials: list[str], rule,
                          limit: int) -> int | None:
     """The first safe place at or after `start` inside `text` (0 < place < len(text)), or None,
-    searched up to `limit`; whitespace cuts where `rule` (a compiled regex, or None) matches.
+    searched up to `limit`; whitespace cuts where `rule` (a compiled regex, or None) says, at
+    the start of its group `cut`.
     Looked for a window at a time, so that the search for each cut reads about as far as the
     cut (`str.find` over the rest of a long text for every cut made cutting quadratic)."""
     window = 1 << 12
@@ -441,9 +447,10 @@ def _safe_text_cut_after(text: str, start: int, specials: list[str], rule,
             pos = start
             stop = end if best is None else best
             while (match := rule.search(text, pos, stop + 1)) is not None:
-                # (stop + 1: the lookahead sees the character at `stop`)
-                if not _covered_by_special(text, match.end(), specials):
-                    return match.end()
+                # (stop + 1: a match may end at `stop` + 1, or look at it, for a cut at `stop`)
+                cut = match.start("cut")
+                if not _covered_by_special(text, cut, specials):
+                    return cut
                 pos = match.end()
         if best is not None:
             return best

@@ -124,7 +124,7 @@ def file_rule_cuts(text: str) -> list[int]:
     """Character positions where `corpus` may cut text (between an ASCII letter or digit and a
     space or newline), found on the UTF-8 bytes exactly as the chunker finds them."""
     data = text.encode("utf-8")
-    byte_cuts = {m.end() for m in corpus._WHITESPACE_BOUNDARY.finditer(data)}
+    byte_cuts = {m.start() for m in corpus._WHITESPACE_BOUNDARY.finditer(data)}
     return [i for i in range(1, len(text)) if len(text[:i].encode("utf-8")) in byte_cuts]
 
 
