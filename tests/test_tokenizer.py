@@ -1092,6 +1092,31 @@ def test_many_threads_on_the_short_path_while_the_shared_cache_restarts(gpt2_fil
         assert ids == uncached.encode(line) == array.tolist()
 
 
+def test_batches_from_many_threads_at_once(gpt2_files, monkeypatch):
+    # Each calling thread, and each pool thread, gathers its groups' UTF-8 into its own buffer
+    # (`text_bytes.gather`), without the GIL: batches of texts of every str kind sent by four
+    # threads at once, each batch cut into groups, give each text's own ids.
+    from concurrent.futures import ThreadPoolExecutor
+
+    import nbbpe.tokenizer
+
+    monkeypatch.setattr(nbbpe.tokenizer, "_GROUP_CHARS", 3000)
+    monkeypatch.setattr(nbbpe.tokenizer, "_MIN_GROUP_CHARS", 500)
+    shared = Tokenizer(*gpt2_files, [EOT])
+    docs = read("web_sample.txt").split(EOT) + read("multi_sample.txt").split("\n")
+    docs += ["caf\xe9 " * 40, "\u0416\u0416 " * 50, "\U0001f642 ok " * 30, "", "x"]
+    batches = [docs[k::3] + docs[: 20 * k] for k in range(1, 5)]
+    want = [[shared.encode(text) for text in batch] for batch in batches]
+
+    def encode(batch):
+        ids, offsets = shared.encode_batch_to_numpy(batch, num_threads=2)
+        return [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            assert list(pool.map(encode, batches)) == want
+
+
 def test_threads_growing_the_shared_cache_at_once(gpt2_files):
     # Four threads meet 60,000 new words in different orders: the cache they share fills its
     # first room (about 48k with GPT-2's vocab) and grows while the others go on storing.
