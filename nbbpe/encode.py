@@ -1405,9 +1405,10 @@ def load_rare_kernels(ranks: Ranks, vocab: Table) -> None:
     cache, so that their first use does not load them then: loading takes ~10 ms holding the
     GIL, which on a first batch stops every other thread (a first 2-thread batch of multi_1M
     took 29 ms, 21 with them loaded). Not cached yet: they compile when first needed. (A batch's
-    UTF-8, `gather_utf8`, is not rare; it is loaded here all the same.)"""
+    UTF-8 and lengths, `gather_utf8` and `str_lengths`, are not rare; they are loaded here all
+    the same: ~2.6 ms more for the second.)"""
     from .encode_tables import _rehash
-    from .text_bytes import gather_layout_known, gather_utf8
+    from .text_bytes import gather_layout_known, gather_utf8, str_lengths
 
     if cached(encode_long_piece):
         text = np.frombuffer(b"x" * (_HEAP_ABOVE + 1), dtype=np.uint8)  # the types of real calls
@@ -1415,10 +1416,12 @@ def load_rare_kernels(ranks: Ranks, vocab: Table) -> None:
     if cached(_rehash):
         small = new_table(1, 16, 8)._replace(learns=True)
         _rehash(small, new_table(2, 16, 8)._replace(learns=True))
+    texts = ["\xe9"]
     if cached(gather_utf8) and gather_layout_known():  # a batch's UTF-8 (`text_bytes`)
-        texts = ["\xe9"]
         gather_utf8(id(texts), 1, np.zeros(0, dtype=np.int64), np.empty(4, dtype=np.uint8),
                     np.empty(1, dtype=np.int64))
+    if cached(str_lengths) and gather_layout_known():  # a batch's lengths
+        str_lengths(id(texts), 1, id(str), np.empty(1, dtype=np.int64))
 
 
 def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> np.ndarray:

@@ -95,6 +95,10 @@ _GROUP_CHARS = 1 << 20
 # str holds it or made by a compiled loop without the GIL (`text_bytes`), not by `str.encode`:
 # starting that costs ~2-3 us, about what copying 64 KB does.
 _READ_IN_PLACE_FROM = 1 << 16
+# Texts from which a batch's are checked and measured by a compiled loop (`text_bytes.lengths_of`),
+# not by `isinstance` and `len` of each in Python (~60 ns a text, more when their objects are
+# no longer in the CPU's caches); fewer do not repay its call.
+_COUNTED_FROM = 256
 # `encode` cuts longer texts into groups (`_encode_long`); at least _READ_IN_PLACE_FROM, which it
 # tests first (a short text's one test)
 _LONG_TEXT_CHARS = 2 * _GROUP_CHARS
@@ -486,12 +490,20 @@ class Tokenizer:
             raise TypeError("encode_batch expects a sequence of str, not a single str "
                             "(use encode, or wrap it in a list)")
         texts = list(texts)
-        if not all(map(str.__instancecheck__, texts)):  # then name the first that is not
-            for k, text in enumerate(texts):
-                _check_text(text, f"encode_batch: text {k}")
-        # Read once: each pass over the texts in Python costs ~0.1 us a text.
-        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        total = int(lengths.sum())
+        counted = None
+        if len(texts) >= _COUNTED_FROM:
+            from . import text_bytes  # (it imports Numba: not with nbbpe)
+
+            counted = text_bytes.lengths_of(texts)
+        if counted is not None:
+            lengths, total = counted
+        else:
+            if not all(map(str.__instancecheck__, texts)):  # then name the first that is not
+                for k, text in enumerate(texts):
+                    _check_text(text, f"encode_batch: text {k}")
+            # Read once: each pass over the texts in Python costs ~0.1 us a text.
+            lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+            total = int(lengths.sum())
         asked = _threads_asked(num_threads)
         threads = _thread_count(asked, len(texts), total, self._family is not None)
         if threads < asked:  # the pool starts with the first batch that asks for its threads,

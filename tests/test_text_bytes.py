@@ -94,6 +94,18 @@ def test_gather_utf8_says_what_it_cannot_do():
     assert gathered(texts, [(1, 3), (0, 2)], room=16)[:2] == (5, "bc\xe9t".encode())
 
 
+def test_str_lengths_of_a_list_or_none_at_what_is_not_a_str():
+    class Text(str):
+        pass
+
+    texts = ["", "abc", "caf\xe9", "\U0001f642" * 3, "x" * 1000, "\ud800"]
+    lengths, total = text_bytes.lengths_of(texts)
+    assert lengths.tolist() == [0, 3, 4, 3, 1000, 1] and total == 1011
+    for other in (Text("a"), b"a", None, 7):  # a subclass is read the slow way too
+        assert text_bytes.lengths_of(texts + [other] + texts) is None
+    assert text_bytes.lengths_of([])[1] == 0
+
+
 def test_gather_reads_strs_as_this_cpython_lays_them_out(gpt2_files):
     # The fast path is the one tested here: this CPython's str objects are laid out as the loop
     # reads them. A list the thread makes from a batch goes through it, into the thread's buffer.

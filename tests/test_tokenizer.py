@@ -1092,6 +1092,23 @@ def test_many_threads_on_the_short_path_while_the_shared_cache_restarts(gpt2_fil
         assert ids == uncached.encode(line) == array.tolist()
 
 
+def test_a_large_batch_checks_and_measures_its_texts_compiled(gpt2):
+    # From `_COUNTED_FROM` texts a compiled loop reads their lengths; anything but a str sends
+    # the batch the Python way, which names a text that is not one, and encodes subclasses.
+    import nbbpe.tokenizer
+
+    class Text(str):
+        pass
+
+    texts = ["caf\xe9 and more ", "plain words", "\U0001f642!", ""] * 80
+    assert len(texts) >= nbbpe.tokenizer._COUNTED_FROM
+    want = [gpt2.encode(text) for text in texts]
+    assert gpt2.encode_batch(texts) == want
+    assert gpt2.encode_batch(texts[:100] + [Text(texts[100])] + texts[101:]) == want
+    with pytest.raises(TypeError, match="text 257 expects a str, got bytes"):
+        gpt2.encode_batch(texts[:257] + [b"x"] + texts[258:])
+
+
 def test_batches_from_many_threads_at_once(gpt2_files, monkeypatch):
     # Each calling thread, and each pool thread, gathers its groups' UTF-8 into its own buffer
     # (`text_bytes.gather`), without the GIL: batches of texts of every str kind sent by four
