@@ -1416,12 +1416,13 @@ def load_rare_kernels(ranks: Ranks, vocab: Table) -> None:
     if cached(_rehash):
         small = new_table(1, 16, 8)._replace(learns=True)
         _rehash(small, new_table(2, 16, 8)._replace(learns=True))
-    texts = ["\xe9"]
-    if cached(gather_utf8) and gather_layout_known():  # a batch's UTF-8 (`text_bytes`)
-        gather_utf8(id(texts), 1, np.zeros(0, dtype=np.int64), np.empty(4, dtype=np.uint8),
-                    np.empty(1, dtype=np.int64))
-    if cached(str_lengths) and gather_layout_known():  # a batch's lengths
-        str_lengths(id(texts), 1, id(str), np.empty(1, dtype=np.int64))
+    if gather_layout_known():  # a batch's UTF-8 and lengths (`text_bytes`)
+        texts = ["\xe9"]
+        if cached(gather_utf8):
+            gather_utf8(id(texts), 1, np.zeros(0, dtype=np.int64), np.empty(4, dtype=np.uint8),
+                        np.empty(1, dtype=np.int64))
+        if cached(str_lengths):
+            str_lengths(id(texts), 1, id(str), np.empty(1, dtype=np.int64))
 
 
 def long_piece_ids(buf, start: int, length: int, ranks: Ranks, vocab: Table) -> np.ndarray:

@@ -257,6 +257,11 @@ def load_int(at: int) -> int:
     return ctypes.c_int64.from_address(at).value
 
 
+# A str of each kind CPython holds (ASCII, 1, 2 and 4 bytes a character), read to check the
+# offsets above and `text_bytes`' own.
+LAYOUT_SAMPLE_STRS = ("Hi!", "é" * 5, "日本" + "x" * 40, "😀" * 3, "a" * 200)
+
+
 def object_layout_known() -> bool:
     """Whether objects here are laid out as the offsets above say (a CPython of the usual
     build: not a debug build that traces references, nor a free-threaded one)."""
@@ -275,8 +280,7 @@ def object_layout_known() -> bool:
             and word(id(pair) + TUPLE_ITEMS_OFFSET + 8) == id("x")
             and word(word(id(listed) + LIST_ITEMS_OFFSET) + 8) == id(listed[1])
             and all(word(id(text) + STR_LENGTH_OFFSET) == len(text)
-                    and ascii_bit(text) == text.isascii()
-                    for text in ("Hi!", "é" * 5, "日本" + "x" * 40, "😀" * 3, "a" * 200)))
+                    and ascii_bit(text) == text.isascii() for text in LAYOUT_SAMPLE_STRS))
 
 
 # `PyArray_New(subtype, nd, dims, type_num, strides, data, itemsize, flags, obj)`: entry 93 of

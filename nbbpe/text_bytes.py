@@ -205,7 +205,7 @@ def gather_layout_known() -> bool:
     """Whether str objects here are laid out as `gather_utf8` reads them (checked once)."""
     global _gather_known
     if _gather_known is None:
-        from .kernel_args import load_int, object_layout_known
+        from .kernel_args import LAYOUT_SAMPLE_STRS, load_int, object_layout_known
 
         def read_as_laid_out(text: str) -> bool:
             state = load_int(id(text) + STR_STATE_OFFSET) & 0xFF
@@ -216,8 +216,7 @@ def gather_layout_known() -> bool:
             return (bool(state & _STR_COMPACT_BIT) and (state >> _STR_KIND_SHIFT) & 7 == kind
                     and held == text.encode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind]))
 
-        _gather_known = object_layout_known() and all(
-            map(read_as_laid_out, ("Hi!", "é" * 5, "日本" + "x" * 40, "😀" * 3, "a" * 200)))
+        _gather_known = object_layout_known() and all(map(read_as_laid_out, LAYOUT_SAMPLE_STRS))
     return _gather_known
 
 

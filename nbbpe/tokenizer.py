@@ -1259,10 +1259,12 @@ def _split_into_groups(texts: list[str], lengths: np.ndarray, bounds: np.ndarray
     that; or, if the bound is far from both of its ends, inside it, at the first place
     `safe_cut(text, at, before)` allows before that quarter at its end (else after it). Ending
     at the nearer end of a short text instead made 2-thread web_5M 1.02-1.05x slower,
-    in-process, for no reason found (its groups differed by a text here and there). `pieces`: the texts in order, a text cut
-    into parts given as (text, start, end) (made a str by `_piece_text` in the thread that
-    encodes it); `texts` itself if none is cut. `last`: the index of each text's last piece
-    (int64). `groups`: lists of consecutive pieces, none empty unless the batch is."""
+    in-process, for no reason found (its groups differed by a text here and there).
+
+    `pieces`: the texts in order, a text cut into parts given as (text, start, end) (made a str
+    by `_piece_text` in the thread that encodes it); `texts` itself if none is cut. `last`: the
+    index of each text's last piece (int64). `groups`: lists of consecutive pieces, none empty
+    unless the batch is."""
     n = len(texts)
     if n == 0:
         return texts, np.zeros(0, dtype=np.int64), [texts]

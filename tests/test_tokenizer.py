@@ -805,8 +805,10 @@ def test_small_batches_take_one_thread_and_few_groups(gpt2, monkeypatch):
              for n in (3 << 17, 1 << 19, 1 << 20, 2 << 20, 5 << 20)]
     assert [len(s) for s in sizes] == [3, 4, 8, 16, 16]
     assert all(s.max() - s.min() <= 1 for s in sizes) and sizes[-1][0] == (5 << 20) // 16
-    assert [len(tk._group_bounds(n, 1)) for n in (1000, 1 << 20, (1 << 20) + 1, 5 << 20)] == [1, 1, 2, 5]
-    assert tk._group_bounds(0, 2).tolist() == [0] and tk._group_bounds(100 << 20, 2)[-1] == 100 << 20
+    one_thread = [len(tk._group_bounds(n, 1)) for n in (1000, 1 << 20, (1 << 20) + 1, 5 << 20)]
+    assert one_thread == [1, 1, 2, 5]
+    assert tk._group_bounds(0, 2).tolist() == [0]
+    assert tk._group_bounds(100 << 20, 2)[-1] == 100 << 20
     runs = []
     real = tk._run_groups
     monkeypatch.setattr(tk, "_run_groups", lambda threads, encode, groups, *args:
