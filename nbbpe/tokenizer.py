@@ -9,8 +9,8 @@ tokens and ids in one pass. For any other pattern, `regex` finds the pre-tokens 
 and a kernel encodes them (`encode.encode_pieces`), a block at a time. Lone surrogates become
 U+FFFD in the whole text before anything else (a special token may hold U+FFFD). Long texts and
 streams are cut only where the ids cannot depend on what follows (`_safe_cut`): after a special
-token, or, for the built-in patterns only (`_PATTERN_CUTS`, proven with hypothesis in
-tests/test_exactness.py), between a pre-token and following whitespace. A custom pattern is
+token, or, for the built-in patterns only (`corpus.last_text_cut_rule`, proven with hypothesis
+in tests/test_exactness.py), between a pre-token and following whitespace. A custom pattern is
 never cut inside a stretch between special tokens: a long text is pre-tokenized stretch by
 stretch with `finditer` and encoded a block of pre-tokens at a time, and a stream is held until
 a special token (see `encode_iterable`).
@@ -35,12 +35,10 @@ from typing import NamedTuple
 import numpy as np
 import regex
 
-from .corpus import compile_utf8_check, safe_text_cut, whitespace_cuts_allowed
+from .corpus import (compile_utf8_check, last_text_cut_rule, safe_text_cut,
+                     whitespace_cuts_allowed)
 from .patterns import (
-    CL100K_PATTERN,
     GPT2_PATTERN,
-    O200K_PATTERN,
-    TIKTOKEN_GPT2_PATTERN,
     compile_pattern,
     scanner_family,
     special_token_regex,
@@ -103,18 +101,7 @@ _COUNTED_FROM = 256
 # tests first (a short text's one test)
 _LONG_TEXT_CHARS = 2 * _GROUP_CHARS
 
-# Where a block may end: between a pre-token and a following whitespace character. With GPT-2's
-# pattern a non-space character followed by a space always ends a pre-token, and the matches
-# before it never look further than that space; cl100k's and o200k's are cut only after a letter
-# or digit, which neither lets a match run past. Both rules are checked with hypothesis against
-# `regex` at every place they allow (tests/test_exactness.py). No rule is assumed for any other
-# pattern: a lookahead may read to the end of the text, a lookbehind, \b or \G before the cut.
-# `(?r)` searches backwards.
-_GPT2_CUT = regex.compile(r"(?r)\S\s")
-_OTHER_CUT = regex.compile(r"(?r)[\p{L}\p{N}]\s")
 _MATCH_GROUP = type(regex.compile("").match("")).group
-_PATTERN_CUTS = {GPT2_PATTERN: _GPT2_CUT, TIKTOKEN_GPT2_PATTERN: _GPT2_CUT,
-                 CL100K_PATTERN: _OTHER_CUT, O200K_PATTERN: _OTHER_CUT}
 
 
 class Tokenizer:
@@ -228,7 +215,7 @@ class Tokenizer:
         self._block_chars = block_chars
         self._findall = compiled.findall
         self._finditer = compiled.finditer
-        self._cut = _PATTERN_CUTS.get(pattern)
+        self._cut = last_text_cut_rule(pattern)
         if specials:
             self._special_split = regex.compile(f"({special_token_regex(specials).pattern})").split
             self._special_finditer = special_token_regex(specials).finditer
@@ -813,8 +800,8 @@ class Tokenizer:
 
         A special-token match starting at s is certain once all longer alternatives could be
         checked (s + longest <= len(text)); a cut right after a certain one is safe. Beyond it,
-        for the built-in patterns, a pattern cut (see `_GPT2_CUT`) is safe where no special
-        token can start before it; a custom pattern has no such cut.
+        for the built-in patterns, a pattern cut (`corpus.last_text_cut_rule`) is safe where no
+        special token can start before it; a custom pattern has no such cut.
         """
         end = len(text)
         longest = self._longest_special
@@ -828,7 +815,7 @@ class Tokenizer:
         if self._cut is not None and limit > after_special:
             match = self._cut.search(text, after_special, limit + 1)
             if match is not None:
-                return match.start() + 1
+                return match.start("cut")
         return after_special
 
     # --- the compiled side ----------------------------------------------------------------
@@ -868,7 +855,7 @@ class Tokenizer:
         compiled = regex.compile(self.pattern)
         self._findall = compiled.findall
         self._finditer = compiled.finditer
-        self._cut = _PATTERN_CUTS.get(self.pattern)
+        self._cut = last_text_cut_rule(self.pattern)
         if self.special_tokens:
             self._special_split = regex.compile(
                 f"({special_token_regex(self.special_tokens).pattern})").split

@@ -30,7 +30,6 @@ from nbbpe import (
     train_bpe_from_iterator,
 )
 from nbbpe import corpus
-from nbbpe import tokenizer as tokenizer_module
 from nbbpe.corpus import WHITESPACE_CUT_PATTERNS, chunk_boundaries
 from nbbpe.patterns import TIKTOKEN_GPT2_PATTERN
 from reference_bpe import reference_pretoken_counts, reference_train_bpe
@@ -131,13 +130,16 @@ def file_rule_cuts(text: str) -> list[int]:
 def text_rule_cuts(text: str, pattern: str) -> list[int]:
     """Every place `corpus.safe_text_cut` may cut text with `pattern` (a batch's groups, a long
     text's pieces), no special tokens given."""
-    return list(corpus.safe_text_cuts(text, 1, [], pattern=pattern))
+    cuts = (corpus.safe_text_cut(text, at, pattern=pattern) for at in range(1, len(text)))
+    return sorted({cut for cut in cuts if cut is not None})
 
 
 def tokenizer_rule_cuts(text: str, pattern: str) -> list[int]:
-    """Positions where `Tokenizer._safe_cut` may cut text with `pattern`."""
-    rule = tokenizer_module._PATTERN_CUTS[pattern]
-    return sorted(m.start() + 1 for m in rule.finditer(text))
+    """Every place `Tokenizer._safe_cut` may cut text with `pattern`: the last cut of the rule
+    searched backwards (`corpus.last_text_cut_rule`) up to each place."""
+    rule = corpus.last_text_cut_rule(pattern)
+    matches = (rule.search(text, 0, end) for end in range(1, len(text) + 1))
+    return sorted({m.start("cut") for m in matches if m is not None})
 
 
 def assert_cuts_keep_pretokens(pattern: str, text: str, cuts: list[int]):
@@ -151,8 +153,7 @@ def assert_cuts_keep_pretokens(pattern: str, text: str, cuts: list[int]):
 
 def test_the_proven_patterns_are_the_built_in_ones():
     assert set(WHITESPACE_CUT_PATTERNS) == set(BUILT_IN)
-    assert set(tokenizer_module._PATTERN_CUTS) == set(BUILT_IN)
-    assert set(corpus._TEXT_CUT_RULES) == set(BUILT_IN)
+    assert set(corpus._TEXT_CUT_RULES) == set(corpus._LAST_TEXT_CUT_RULES) == set(BUILT_IN)
     for pattern in CUSTOM:
         assert not corpus.whitespace_cuts_allowed(pattern)
         assert Tokenizer({i: bytes([i]) for i in range(256)}, [], pattern=pattern)._cut is None
