@@ -365,7 +365,7 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
     from numba import typeof, types
 
     from nbbpe import encode, merge, pretokenize_kernels
-    from nbbpe.encode_tables import copy_ids, find, is_full
+    from nbbpe.encode_tables import copy_ids, find, is_full, store
 
     merge.compile_helpers(all_of_them=True)
     for dtype in (types.uint8, types.int32, types.int64):
@@ -384,12 +384,13 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
     text = types.Array(types.uint8, 1, "C", readonly=True)
     int64s, int32s = types.Array(types.int64, 1, "C"), types.Array(types.int32, 1, "C")
     cache = typeof(encode.SharedCache(encode.new_table(16, 256, 64), 16).table)
-    for mode, encode_new in ((encode.MERGES, encode._encode_new_merges),
-                             (encode.RANKS, encode._encode_new_ranks)):
-        encode.compile_shared_first(mode)  # the merging as the kernel calls it (with its helpers)
+    for mode, merge_loop in ((encode.MERGES, encode._merge_rounds),
+                             (encode.RANKS, encode._merge_leftmost)):
+        encode.compile_shared_first(mode)  # the merge loop as the kernels call it, and helpers
         ranks = typeof(encode._no_merges(np.arange(256, dtype=np.int32), mode))
-        assert ((text,) + (types.int64,) * 5 + (types.uint64, types.int64, int32s, types.int64,
-                                                ranks, cache, int64s)) in encode_new.signatures
+        assert (int32s, types.int64, types.int64, int64s, ranks) in merge_loop.signatures
+    assert ((cache,) + (types.int64,) * 4 + (text, types.int64, types.int64, int32s, types.int64,
+                                             types.int64)) in store.signatures
     assert (cache, types.int64, types.int64, types.int64, types.int64, text, types.int64,
             types.int64) in find.signatures
     assert (cache,) in is_full.signatures
