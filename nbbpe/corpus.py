@@ -83,8 +83,7 @@ _TEXT_CUT_RULES = {pattern: regex.compile("|".join(rules)) for pattern, rules in
 _LAST_TEXT_CUT_RULES = {pattern: regex.compile("(?r)" + rules[0])
                         for pattern, rules in _CUT_RULES.items()}
 _SURROGATE = regex.compile("[\ud800-\udfff]")
-WHITESPACE_CUT_PATTERNS = frozenset({GPT2_PATTERN, TIKTOKEN_GPT2_PATTERN, CL100K_PATTERN,
-                                     O200K_PATTERN})
+WHITESPACE_CUT_PATTERNS = frozenset(_CUT_RULES)  # the patterns whose cut rules are proven
 _REPLACEMENT = "\ufffd".encode()
 _UTF8_SLACK = 3  # bytes of context beyond a window that decide whether its UTF-8 is valid
 
