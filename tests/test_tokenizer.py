@@ -1236,7 +1236,8 @@ def test_the_rank_table_finds_every_pair_and_no_other(seed):
     left, right = (np.array(side, dtype=np.int64) for side in zip(*pairs))
     rank = rng.permutation(len(pairs)).astype(np.int64)
     ranks = encode.build_ranks(left, right, rank, rank + 2048, np.arange(256), encode.MERGES)
-    assert (len(ranks.slots), ranks.id_bits, ranks.dense_bits) == (1 << bits, id_bits, 10)
+    assert (len(ranks.slots), ranks.id_bits, ranks.dense_bits) == (1 << bits, id_bits,
+                                                              encode.DENSE_BITS)
     assert (ranks.slots != -1).sum() == len(pairs)
     where = {entry >> ranks.rank_bits: k for k, entry in enumerate(ranks.slots.tolist())}
     assert any(where[a << id_bits | b] < 64 for a, b in pairs[:20])  # wrapped around
