@@ -197,7 +197,7 @@ def str_lengths(texts, n, str_type, lengths):
     return total
 
 
-_loaded = False
+_checked: set = set()  # the kernels `_announce_once` has looked for in the cache
 _gather_known: bool | None = None
 
 
@@ -229,20 +229,20 @@ def lengths_of(texts: list) -> tuple[np.ndarray, int] | None:
     checks them the slow way) or str objects are laid out otherwise."""
     if not gather_layout_known():
         return None
-    _announce_once()
+    _announce_once(str_lengths)
     lengths = np.empty(len(texts), dtype=np.int64)
     total = str_lengths(id(texts), len(texts), id(str), lengths)
     return None if total < 0 else (lengths, int(total))
 
 
-def _announce_once() -> None:
-    """Say, before this module's kernels are first compiled (~1 s, on a first run), that they
-    are being compiled."""
-    global _loaded
-    if not _loaded:
-        if not (cached(gather_utf8) and cached(str_lengths)):
+def _announce_once(kernel) -> None:
+    """Say, before `kernel` (one of this module's) is first compiled (~1 s, on a first run),
+    that kernels are being compiled. Each is looked for on its own: a process that never
+    calls one never caches it, and asking for both said so in every process."""
+    if kernel not in _checked:
+        if not cached(kernel):
             announce_compiling()
-        _loaded = True
+        _checked.add(kernel)
 
 
 def gather(texts: list, state, spans: np.ndarray | None = None) -> tuple | None:
@@ -252,7 +252,7 @@ def gather(texts: list, state, spans: np.ndarray | None = None) -> tuple | None:
     be (a lone surrogate, a str laid out otherwise)."""
     if not gather_layout_known():
         return None
-    _announce_once()
+    _announce_once(gather_utf8)
     if type(texts) is not list:  # (the loop reads a list's items)
         texts = list(texts)
     spans = _WHOLE if spans is None else spans

@@ -106,6 +106,25 @@ def test_str_lengths_of_a_list_or_none_at_what_is_not_a_str():
     assert text_bytes.lengths_of([])[1] == 0
 
 
+def test_the_compiling_notice_is_given_for_the_kernel_about_to_be_compiled(gpt2_files,
+                                                                             monkeypatch):
+    # A process that only ever gathers never caches `str_lengths`: asking for both kernels
+    # said "compiling" in every such process, though nothing was compiled.
+    from nbbpe import Tokenizer
+
+    state = Tokenizer(*gpt2_files, [EOT])._thread_state()
+    notices = []
+    monkeypatch.setattr(text_bytes, "announce_compiling", lambda: notices.append(1))
+    monkeypatch.setattr(text_bytes, "_checked", set())
+    monkeypatch.setattr(text_bytes, "cached", lambda kernel: kernel is text_bytes.gather_utf8)
+    for _ in range(2):
+        assert text_bytes.gather(["caf\xe9"], state)[0].tobytes() == "caf\xe9".encode()
+    assert notices == []
+    for _ in range(2):
+        assert text_bytes.lengths_of(["ab"])[1] == 2
+    assert notices == [1]  # not cached: said once
+
+
 def test_gather_reads_strs_as_this_cpython_lays_them_out(gpt2_files):
     # The fast path is the one tested here: this CPython's str objects are laid out as the loop
     # reads them. A list the thread makes from a batch goes through it, into the thread's buffer.
