@@ -1251,6 +1251,29 @@ def test_the_rank_table_finds_every_pair_and_no_other(seed):
             assert encode._pair_rank(ranks, a, b) == encode.NO_MERGE
 
 
+def test_pairs_of_small_ids_find_the_merges_ranks_on_both_sides_of_the_dense_table(gpt2,
+                                                                                     gpt2_files):
+    # Pairs of ids below 2**DENSE_BITS are read from the dense table, the others from the hash
+    # table: around the edge between the two, with GPT-2's merges, each pair gets its merge's
+    # rank or none.
+    from nbbpe import encode
+
+    vocab, merges = gpt2_files
+    id_of = {token: i for i, token in vocab.items()}
+    rank_of = {(id_of[a], id_of[b]): r for r, (a, b) in enumerate(merges)}
+    ranks = gpt2._get_engine().ranks
+    edge = 1 << ranks.dense_bits
+    assert ranks.dense_bits == encode.DENSE_BITS
+    near = [pair for pair in rank_of if max(pair) < 2 * edge]
+    dense = sum(max(pair) < edge for pair in near)
+    assert dense > 200 and len(near) - dense > 200  # merges on either side of the edge
+    rng = np.random.default_rng(0)
+    others = [tuple(pair) for pair in rng.integers(0, 2 * edge, (3000, 2)).tolist()]
+    others += [(a, b) for a in (edge - 1, edge) for b in range(0, 2 * edge, 7)]
+    for a, b in near + others:
+        assert encode._pair_rank(ranks, a, b) == rank_of.get((a, b), encode.NO_MERGE), (a, b)
+
+
 def test_a_vocab_with_gaps_in_its_ids(gpt2_files):
     vocab, merges = gpt2_files
     # the same tokens, with every id above 300 moved up by 1000
