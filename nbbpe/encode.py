@@ -105,8 +105,8 @@ _HEAP_FROM = 32
 # faster than with the hash table alone; encoding multi_1M cold, ~8%). 1 MB rather than 4 (the
 # first 768 merges): merging alone, as fast, but in the pass the cache's traffic evicts the
 # bigger table's lines, and its load was the merge loop's top stall. A tokenizer's first cold
-# pass over web_5M took 0.95x the time, multi_1M 0.98x, multi_1M with cl100k 0.96x, TinyStories
-# and o200k as before (6 to 10 alternated fresh processes, medians).
+# pass over web_5M took 0.94x the time (16 alternated fresh processes each, the order swapped
+# every round); a later cold pass over multi_1M 0.94x; TinyStories and o200k as before.
 DENSE_BITS = 9
 
 
