@@ -392,8 +392,9 @@ def safe_text_cut(text: str, at: int, special_tokens: Sequence[str] = (), *,
                   before: int | None = None) -> int | None:
     """The first safe place to cut a str at or after character `at` (0 < place < len(text),
     and place < `before` if given: the search stops there), or None: the same rules as
-    `safe_boundary_after`, in characters, for a text held whole; with `pattern` one of the
-    built-in ones, its own wider rule (`_TEXT_CUT_RULES`). The text on either side of such a
+    `safe_boundary_after`, in characters, for a text held whole; with `pattern`, the text is
+    pre-tokenized with it: one of the built-in ones has its own wider rule (`_TEXT_CUT_RULES`),
+    any other none (no whitespace cut is proven for it). The text on either side of such a
     place, turned into UTF-8 on its own (lone surrogates becoming U+FFFD, as `Tokenizer.encode`
     does), is the whole text's UTF-8 on that side: the places lie just before whitespace (after
     an ASCII letter or digit, by default) or at a special token's first character, never inside
@@ -407,7 +408,7 @@ def safe_text_cut(text: str, at: int, special_tokens: Sequence[str] = (), *,
     specials = [t for t in special_tokens if t]
     rule = None
     if whitespace_cuts:
-        rule = _TEXT_CUT_RULES.get(pattern, _WHITESPACE_TEXT_BOUNDARY)
+        rule = _WHITESPACE_TEXT_BOUNDARY if pattern is None else _TEXT_CUT_RULES.get(pattern)
     limit = len(text) if before is None else min(len(text), before)
     place = _safe_text_cut_after(text, max(at, 1), specials, rule, limit)
     return place if place is not None and place < limit else None

@@ -35,8 +35,7 @@ from typing import NamedTuple
 import numpy as np
 import regex
 
-from .corpus import (compile_utf8_check, last_text_cut_rule, safe_text_cut,
-                     whitespace_cuts_allowed)
+from .corpus import compile_utf8_check, last_text_cut_rule, safe_text_cut
 from .patterns import (
     GPT2_PATTERN,
     compile_pattern,
@@ -1229,12 +1228,10 @@ def _join_parts(parts, n_texts: int) -> tuple[np.ndarray, np.ndarray]:
 def _safe_cuts_maker(special_tokens, pattern: str):
     """cut(text, at, before): the first place at or after `at` (and before `before`) where
     `text`, pre-tokenized with `pattern`, can be cut without changing its ids
-    (`corpus.safe_text_cut`), or None."""
-    whitespace_cuts = whitespace_cuts_allowed(pattern)
-
+    (`corpus.safe_text_cut`, which cuts a custom pattern's text only at special tokens), or
+    None."""
     def cut(text: str, at: int, before: int) -> int | None:
-        return safe_text_cut(text, at, special_tokens, whitespace_cuts=whitespace_cuts,
-                             pattern=pattern, before=before)
+        return safe_text_cut(text, at, special_tokens, pattern=pattern, before=before)
     return cut
 
 

@@ -157,6 +157,8 @@ def test_the_proven_patterns_are_the_built_in_ones():
     for pattern in CUSTOM:
         assert not corpus.whitespace_cuts_allowed(pattern)
         assert Tokenizer({i: bytes([i]) for i in range(256)}, [], pattern=pattern)._cut is None
+        # a batch's groups: cut only at special tokens, not by the default ASCII rule
+        assert corpus.safe_text_cut("ab cd\nef <s> gh", 1, ["<s>"], pattern=pattern) == 9
 
 
 @settings(max_examples=400)
