@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import regex
 import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nbbpe import CL100K_PATTERN, GPT2_PATTERN, Tokenizer, train_bpe
+from nbbpe import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN, Tokenizer, train_bpe
 from nbbpe import encode
 from nbbpe.encode import CACHE_AT, OUT_AT
 from nbbpe.kernel_args import address
@@ -1527,10 +1528,11 @@ def _ranks_in_order(t, order):
     if (id(t), order) not in _RANKS_IN_ORDER:
         ids = np.flatnonzero(t._known).astype(np.int32)
         if order == encode.MERGES:
-            joins = encode.byte_pairs_in_tokens(t._token_bytes, t._token_offsets, ids)
+            made = (t._token_bytes, t._token_offsets, ids)
             left, right, merged = t._merge_ids
             ranks = encode.build_ranks(left, right, np.arange(len(left)), merged, t._byte_ids,
-                                       order, joins)
+                                       order, encode.byte_pairs_in_tokens(*made),
+                                       encode.token_windows(*made))
         else:
             ranks = encode.build_split_ranks(t._token_bytes, t._token_offsets, ids, t._byte_ids,
                                              t.n_vocab)
@@ -1569,6 +1571,54 @@ def test_a_pre_token_merged_in_parts_gets_the_ids_of_merging_it_whole(gpt2, orde
     whole, in_parts, by_the_pass, parts = _merged_whole_and_in_parts(gpt2, order,
                                                                       "語のテキスト日本".encode())
     assert parts > 4 and in_parts == whole and by_the_pass == whole
+
+
+def _places_tokens_hold(data: bytes, tokens: set, longest: int) -> set:
+    """The slow twin of `Ranks.joins` and `Ranks.windows`: each i such that some token occurs
+    in `data` over bytes i - 1 and i."""
+    held = set()
+    for start in range(len(data)):
+        for end in range(start + 2, min(len(data), start + longest) + 1):
+            if data[start:end] in tokens:
+                held.update(range(start + 1, end))
+    return held
+
+
+def _cut_places(ranks, data: bytes, windows: bool) -> set:
+    """Where `merge_in_parts` cuts pre-token `data`: where `joins` says no token holds the bytes
+    on either side, or (with `windows`) `_held_across` says no token occurs over them."""
+    buf = np.frombuffer(data, np.uint8)
+    return {i for i in range(1, len(data))
+            if not ranks.joins[(int(buf[i - 1]) << 8) | int(buf[i])]
+            or (windows and not encode._held_across(ranks.windows, buf, 0, len(data), i))}
+
+
+# GPT-2's few Chinese, Japanese and Korean tokens leave `joins` cutting most of their characters:
+# there the windows are checked only for the cuts they make (none in this sample)
+@pytest.mark.parametrize("files, more_cuts", [("gpt2", None), ("o200k_base", 1.5)])
+def test_a_pre_token_is_cut_only_where_no_token_occurs_over_the_cut(gpt2, files, more_cuts):
+    if files == "gpt2":
+        t, ranks = gpt2, _ranks_in_order(gpt2, encode.MERGES)
+    else:
+        t = Tokenizer.from_tiktoken_file(FIXTURES / f"{files}.tiktoken", O200K_PATTERN)
+        ranks = t._get_engine().ranks
+    ids = np.flatnonzero(t._known)
+    tokens = {t._token_bytes[t._token_offsets[i]:t._token_offsets[i + 1]].tobytes() for i in ids}
+    longest = max(map(len, tokens))
+    lines = (FIXTURES / "multi_sample.txt").read_text(encoding="utf-8").splitlines()
+    # lines with Chinese, Japanese or Korean, where the windows are looked for, and others
+    text = "\n".join([line for line in lines if regex.search(r"[\u3040-\u9fff\uac00-\ud7af]", line)]
+                     + lines[:200])
+    pre_tokens = {m.group().encode() for m in regex.finditer(O200K_PATTERN, text)}
+    by_joins = by_windows = 0
+    for data in sorted(p for p in pre_tokens if not p.isascii()):
+        held = _places_tokens_hold(data, tokens, longest)
+        cuts = _cut_places(ranks, data, windows=True)
+        assert not cuts & held, (data, sorted(cuts & held))
+        by_joins += len(_cut_places(ranks, data, windows=False))
+        by_windows += len(cuts)
+    if more_cuts:  # the windows cut between characters that `joins` leaves whole
+        assert by_windows > more_cuts * by_joins > 0
 
 
 _SHARED_PARTS = {}  # merge order -> a part cache that the examples below fill and read
