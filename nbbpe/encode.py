@@ -63,6 +63,8 @@ from .encode_tables import (
     VOCAB_SPREAD,
     copy_ids,
     copy_short_ids,
+    count_entries,
+    count_entry,
     find,
     home,
     is_full,
@@ -148,7 +150,7 @@ def new_scratch() -> np.ndarray:
     byte) and hashes, the part cache (`_merge_part`: empty, all zeros; the scratch space of one
     thread and one tokenizer, so it holds that tokenizer's ids), and the pair ranks of a short
     pre-token being merged, or the heap of a long one."""
-    return np.zeros(5 * WINDOW + PART_CACHE_ITEMS + _heap_space.py_func(_HEAP_ABOVE),
+    return np.zeros(5 * WINDOW + MERGE_ROOM_AT + _heap_space.py_func(_HEAP_ABOVE),
                     dtype=np.int64)
 
 
@@ -631,6 +633,9 @@ PART_CACHE_ITEMS = 2 << PART_CACHE_BITS
 _PART_ID_BITS = 20  # a slot holds up to 3 ids below 2**20 (o200k's are below 2**18)
 _PART_ID_MASK = np.int64((1 << _PART_ID_BITS) - 1)
 _PART_MAX_BYTES = 7  # a part's bytes and its length make one int64 key
+# In a thread's scratch space, after the part cache: the entries it stored in the cache and has
+# not counted yet (`encode_tables.count_entry`, one item of a cache line), then room for a merge.
+MERGE_ROOM_AT = PART_CACHE_ITEMS + 8
 
 
 @njit(inline="always")  # into `_merge_part` and `merge_in_parts`
@@ -708,10 +713,10 @@ def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cac
     """Merge pre-token buf[start:end] (at most `_HEAP_ABOVE` bytes, not in the cache) into
     out[w:]; remember it in a learning cache at -1 - slot (where `find` said it would go);
     return the number of ids. `space`: the thread's part cache, then room for the merge."""
-    m = merge_in_parts(merge, buf, start, end, out, w, ranks, space[PART_CACHE_ITEMS:],
+    m = merge_in_parts(merge, buf, start, end, out, w, ranks, space[MERGE_ROOM_AT:],
                        space[:PART_CACHE_ITEMS])
-    if cache.learns:
-        store(cache, -1 - slot, k0, k1, tag, buf, start, end - start, out, w, m)
+    if cache.learns and store(cache, -1 - slot, k0, k1, tag, buf, start, end - start, out, w, m):
+        count_entry(cache, space[PART_CACHE_ITEMS:MERGE_ROOM_AT])
     return m
 
 
@@ -1324,11 +1329,12 @@ def _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks,
     `encode_long_piece`). With the bytes in it, a pre-token of one byte (a third of those of web
     text) is looked up like any other: one case fewer, one unpredictable branch fewer, in the
     kernels' loop."""
+    stored = 0
     for b in range(256):
         slot, k0, k1, tag, h = lookup(table, byte_values, b, b + 1)
         work[0] = ranks.byte_ids[b]
-        store(table, -1 - slot, k0, k1, tag, byte_values, b, np.int64(1), work, np.int64(0),
-              np.int64(1))  # np.int64: a literal 1 would compile `store` once more
+        stored += store(table, -1 - slot, k0, k1, tag, byte_values, b, np.int64(1), work,
+                        np.int64(0), np.int64(1))  # np.int64: a literal 1 would compile `store` once more
     for t in range(token_ids.shape[0]):
         start = token_offsets[token_ids[t]]
         end = token_offsets[token_ids[t] + 1]
@@ -1347,7 +1353,9 @@ def _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks,
             for i in range(length):
                 work[i] = ranks.byte_ids[token_bytes[start + i]]
             m = _merge_rounds(work, np.int64(0), length, scratch, ranks)
-        store(table, -1 - slot, k0, k1, tag, token_bytes, start, length, work, np.int64(0), m)
+        stored += store(table, -1 - slot, k0, k1, tag, token_bytes, start, length, work,
+                        np.int64(0), m)
+    count_entries(table, stored)
 
 
 def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_ids: np.ndarray,

@@ -116,8 +116,9 @@ VARIANTS = {
             ("load_after(slots, 4 * s + 3, meta)", "slots[uindex(4 * s + 3)]")]},
     },
     "no_entry_count": {
-        "about": "no shared count of the cache's entries (a fetch_add per new pre-token)",
-        "replace": {"store": [("    fetch_add(fill, 1, 1)\n", "")]},
+        "about": "no count of the cache's entries (each thread adds its own ENTRY_BATCH at a time)",
+        "replace": {"_encode_new": [("        count_entry(cache, space[PART_CACHE_ITEMS:MERGE_ROOM_AT])\n",
+                                     "        pass  # not counted\n")]},
     },
 }
 
