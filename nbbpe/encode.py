@@ -1333,8 +1333,9 @@ def _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks,
     for b in range(256):
         slot, k0, k1, tag, h = lookup(table, byte_values, b, b + 1)
         work[0] = ranks.byte_ids[b]
+        # np.int64: a literal 1 would compile `store` once more
         stored += store(table, -1 - slot, k0, k1, tag, byte_values, b, np.int64(1), work,
-                        np.int64(0), np.int64(1))  # np.int64: a literal 1 would compile `store` once more
+                        np.int64(0), np.int64(1))
     for t in range(token_ids.shape[0]):
         start = token_offsets[token_ids[t]]
         end = token_offsets[token_ids[t] + 1]
