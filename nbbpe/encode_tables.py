@@ -493,14 +493,16 @@ def count_entries(table, n):
 # A thread adds the entries it stores in a cache to the count `ENTRY_BATCH` at a time
 # (`count_entry`): counted one by one, two threads storing at once passed the count's cache line
 # back and forth, an atomic add each time it had moved. A fresh 2-thread batch of web_5M (39k
-# new pre-tokens) took 0.98x the time counted 16 at a time, 0.94-0.95x with no count at all
-# (medians of 15 to 31 alternated processes; records still taken one fetch_add each). The
-# count may then be short of the entries by up to ENTRY_BATCH - 1 a thread: a table stops
-# learning at 3/4 of its slots (`new_table`), so a quarter stays free for the probes.
+# new pre-tokens) took 0.97x the time counted 16 at a time, 0.95-0.96x with no count at all
+# (medians of 21 alternated processes each, twice). The count may then be short of the entries
+# by up to ENTRY_BATCH - 1 a thread: a table stops learning at 3/4 of its slots (`new_table`),
+# so a quarter stays free for the probes.
 ENTRY_BATCH = 16
 
 
-@njit(inline="always")
+# Compiled apart, not inlined: an atomic add in the kernel's loop orders the loads and stores
+# around it, and the batch above was then no faster than before (1.00x).
+@njit(cache=True, nogil=True, _nrt=False)
 def count_entry(table, pending):
     """One more entry stored in `table` by this thread, whose entries not yet counted are
     pending[0] (its own memory)."""
