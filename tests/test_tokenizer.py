@@ -1610,7 +1610,8 @@ def _cut_places(ranks, data: bytes, windows: bool) -> set:
     buf = np.frombuffer(data, np.uint8)
     return {i for i in range(1, len(data))
             if not ranks.joins[(int(buf[i - 1]) << 8) | int(buf[i])]
-            or (windows and not encode._held_across(ranks.windows, buf, 0, len(data), i))}
+            or (windows and buf[i] >= 0xE0  # where a character of 3 or 4 bytes begins
+                and not encode._held_across(ranks.windows, buf, 0, len(data), i))}
 
 
 # GPT-2's few Chinese, Japanese and Korean tokens leave `joins` cutting most of their characters:
