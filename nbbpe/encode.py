@@ -681,19 +681,28 @@ def _merge_part(merge, buf, part, n, out, at, ranks, pairs, parts):
     return m
 
 
+@njit(inline="always")  # into `merge_in_parts`
+def cut_before(ranks, buf, start, end, i):
+    """Whether pre-token buf[start:end] can be cut before byte i (start < i < end) with no
+    change to its ids: no token holds bytes i - 1 and i side by side (`ranks.joins`, see
+    `byte_pairs_in_tokens`), or, where a character of 3 or 4 bytes begins, none occurs over
+    them (`ranks.windows`, see `token_windows`)."""
+    if not ranks.joins[uindex((np.int64(buf[uindex(i - 1)]) << 8) | buf[uindex(i)])]:
+        return True
+    return buf[uindex(i)] >= 0xE0 and not _held_across(ranks.windows, buf, start, end, i)
+
+
 @njit(inline="always")  # into `_encode_new` (and scripts/encode_breakdown.py's timing)
 def merge_in_parts(merge, buf, start, end, out, w, ranks, pairs, parts):
     """Write the ids of pre-token buf[start:end] to out[w:], merged by `merge` in parts, cut
-    between bytes that no token holds side by side (`ranks.joins`, see
-    `byte_pairs_in_tokens`): the ids of merging it whole, sooner. Parts of a cut pre-token of
-    2 to `_PART_MAX_BYTES` bytes go through the part cache `parts` (`_merge_part`; merging
-    multi_1M's new pre-tokens alone 1.51x faster, web_5M's 1.05x). Returns how many."""
-    joins = ranks.joins
+    where `cut_before` says it can be: the ids of merging it whole, sooner. Parts of a cut
+    pre-token of 2 to `_PART_MAX_BYTES` bytes go through the part cache `parts`
+    (`_merge_part`; merging multi_1M's new pre-tokens alone 1.51x faster, web_5M's 1.05x).
+    Returns how many."""
     at = w
     part = start
     for i in range(start + 1, end + 1):
-        if i < end and joins[uindex((np.int64(buf[uindex(i - 1)]) << 8) | buf[uindex(i)])] and (
-                buf[uindex(i)] < 0xE0 or _held_across(ranks.windows, buf, start, end, i)):
+        if i < end and not cut_before(ranks, buf, start, end, i):
             continue
         n = i - part
         if n == 1:

@@ -1605,13 +1605,13 @@ def _places_tokens_hold(data: bytes, tokens: set, longest: int) -> set:
 
 
 def _cut_places(ranks, data: bytes, windows: bool) -> set:
-    """Where `merge_in_parts` cuts pre-token `data`: where `joins` says no token holds the bytes
-    on either side, or (with `windows`) `_held_across` says no token occurs over them."""
+    """Where `merge_in_parts` cuts pre-token `data` (`cut_before`), or, without `windows`,
+    where `joins` alone would: where it says no token holds the bytes on either side."""
     buf = np.frombuffer(data, np.uint8)
-    return {i for i in range(1, len(data))
-            if not ranks.joins[(int(buf[i - 1]) << 8) | int(buf[i])]
-            or (windows and buf[i] >= 0xE0  # where a character of 3 or 4 bytes begins
-                and not encode._held_across(ranks.windows, buf, 0, len(data), i))}
+    if not windows:
+        return {i for i in range(1, len(data))
+                if not ranks.joins[(int(buf[i - 1]) << 8) | int(buf[i])]}
+    return {i for i in range(1, len(data)) if encode.cut_before(ranks, buf, 0, len(data), i)}
 
 
 # GPT-2's few Chinese, Japanese and Korean tokens leave `joins` cutting most of their characters:
