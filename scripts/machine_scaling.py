@@ -13,10 +13,16 @@ the two alternated. `--scale` multiplies the work of each (and the largest table
 - dependent chain: one multiply-add after another, each waiting for the last (the latency of
   the arithmetic: two hyperthreads of one core overlap such chains almost perfectly);
 - arithmetic over 32 KB: multiply-adds over an array in the core's L1 cache, four sums at a
-  time, which keep its arithmetic units and loads busy (a hyperthread sibling competes for them);
+  time (still bound by the adds' latency, so hyperthreads would overlap these too);
+- integer work, 64 lanes: an xor and an add on each of 64 independent lanes a step, more than
+  the core's units do at once, so they are busy every cycle: the workload that tells a core of
+  its own (2.00x) from a hyperthread sibling (about 1x, the units shared);
 - random reads in 1 MB (in the core's L2 cache), in 8 MB (the size of nbbpe's pre-token cache
   with GPT-2's files) and in 256 MB (mostly from memory): addresses from a chain of multiplies,
   as the encode loop's lookups are;
+- random reads in 16 MB, 32 at a time: the addresses of 32 reads computed first, then the 32
+  read, so that many misses are in flight at once, as the encode loop's prefetched window of
+  lookups has them (what the memory and the shared cache give two cores at once);
 - streaming writes: a 64 MB array filled again and again (the memory's bandwidth).
 
 The machine of this project: 2 virtual CPUs of an Intel Xeon VM (see the README's figures).
@@ -68,6 +74,30 @@ def random_reads(table, n, seed):
 
 
 @njit(nogil=True)  # not cached: this script is also loaded as a module of another name (tests)
+def integer_lanes(n):
+    lanes = np.zeros(64, dtype=np.uint64)
+    for i in range(n):
+        k = np.uint64(i)
+        for j in range(64):  # 64 independent lanes: more work a step than the units do at once
+            lanes[j] = (lanes[j] ^ k) + np.uint64(j)
+    return lanes.sum()
+
+
+@njit(nogil=True)  # not cached: this script is also loaded as a module of another name (tests)
+def batched_reads(table, n, seed, addresses):
+    x = np.uint64(seed)
+    mask = np.uint64(table.shape[0] - 1)
+    total = np.int64(0)
+    for _ in range(n // addresses.shape[0]):
+        for j in range(addresses.shape[0]):
+            x = x * np.uint64(6364136223846793005) + np.uint64(1442695040888963407)
+            addresses[j] = (x >> np.uint64(20)) & mask
+        for j in range(addresses.shape[0]):
+            total += table[addresses[j]]
+    return total
+
+
+@njit(nogil=True)  # not cached: this script is also loaded as a module of another name (tests)
 def streaming_writes(array, passes):
     for p in range(passes):
         for i in range(array.shape[0]):
@@ -106,9 +136,15 @@ def workloads(scale: float = 1.0) -> list:
     result = [("dependent chain", dependent_chain, (steps(100_000_000),), (steps(100_000_000),)),
               ("arithmetic over 32 KB", array_arithmetic, (small[0], steps(20_000)),
                (small[1], steps(20_000)))]
+    result.append(("integer work, 64 lanes", integer_lanes, (steps(10_000_000),),
+                   (steps(10_000_000),)))
     for size, (first, second) in tables.items():
         result.append((f"random reads in {size >> 20} MB", random_reads,
                        (first, steps(20_000_000), 1), (second, steps(20_000_000), 2)))
+    batched = [np.arange((16 << 20) // 8, dtype=np.int64) for _ in range(2)]
+    result.append(("random reads in 16 MB, 32 at a time", batched_reads,
+                   (batched[0], steps(10_000_000), 1, np.empty(32, dtype=np.int64)),
+                   (batched[1], steps(10_000_000), 2, np.empty(32, dtype=np.int64))))
     result.append(("streaming writes, 64 MB", streaming_writes, (arrays[0], steps(8)),
                    (arrays[1], steps(8))))
     return result

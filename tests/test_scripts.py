@@ -483,14 +483,25 @@ def test_machine_scaling_times_each_workload_on_one_and_two_threads(tmp_path, ca
     assert scaling.main(["--repeat", "1", "--scale", "0.01", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [row["workload"] for row in rows] == [
-        "dependent chain", "arithmetic over 32 KB", "random reads in 1 MB", "random reads in 8 MB",
-        "random reads in 2 MB", "streaming writes, 64 MB"]
+        "dependent chain", "arithmetic over 32 KB", "integer work, 64 lanes", "random reads in 1 MB",
+        "random reads in 8 MB", "random reads in 2 MB", "random reads in 16 MB, 32 at a time",
+        "streaming writes, 64 MB"]
     for row in rows:
         assert row["one_thread_s"] > 0 and row["two_threads_s"] > 0
         assert row["speedup"] == pytest.approx(2 * row["one_thread_s"] / row["two_threads_s"])
     printed = capsys.readouterr().out
-    assert printed.count("2 threads (the same work each)") == 6
+    assert printed.count("2 threads (the same work each)") == 8
     x = 1  # the dependent chain's steps, in Python: the compiled loop computes them all
     for _ in range(1000):
         x = (x * 6364136223846793005 + (x >> 29)) % 2**64
     assert int(scaling.dependent_chain(1000)) == x
+    lanes = [0] * 64  # the integer lanes and the batched reads, in Python too
+    for i in range(100):
+        lanes = [(lane ^ i) + j for j, lane in enumerate(lanes)]
+    assert int(scaling.integer_lanes(100)) == sum(lanes) % 2**64
+    table = np.arange(1 << 10, dtype=np.int64) * 7
+    x, total = 5, 0
+    for _ in range(96):
+        x = (x * 6364136223846793005 + 1442695040888963407) % 2**64
+        total += int(table[(x >> 20) & 1023])
+    assert scaling.batched_reads(table, 100, 5, np.empty(32, dtype=np.int64)) == total
