@@ -21,7 +21,7 @@ on one thread, `--repeat` times with a freshly built tokenizer (GPT-2's files, o
   own thread state, sharing the cache), over its CPU time made alone. 1.00 means two threads
   cost each other nothing; above it, each call waits on what the other uses too (the caches,
   the memory). Thread CPU time, not wall time: a machine that is slower for a moment, or a
-  thread not scheduled, does not count.
+  thread not scheduled, does not count. Medians of 5 alternations of the two in each round.
 
 - alone: the merge loop alone (`_merge_rounds`, or `_merge_leftmost` for rank files) on each
   new pre-token once, back to back, outside the pass: its bytes to ids in parts as the pass
@@ -197,10 +197,13 @@ def measure(encoding: str, data: bytes, ends: np.ndarray, starts: np.ndarray,
                                         for ids in both_ids)}
 
 
-def cpu_alone_and_two_at_once(tok: Tokenizer, buf: np.ndarray, ends: np.ndarray):
-    """(CPU seconds of a warm `encode_utf8(buf, ends)` on one thread alone, the mean CPU seconds
-    of the same call made by two threads at once, the ids each of the two gave). Each thread has
-    made the call once before (its thread state and output buffer exist, paged in)."""
+def cpu_alone_and_two_at_once(tok: Tokenizer, buf: np.ndarray, ends: np.ndarray, pairs: int = 5):
+    """(CPU seconds of a warm `encode_utf8(buf, ends)` on one thread alone, the CPU seconds of
+    the same call made by two threads at once, the ids each of the two gave): medians of
+    `pairs` alternations of the two (a single pair moved from 0.69 to 1.72x between rounds, and
+    from 1.09 to 1.63 within one run on web_5M; medians of 5 gave 0.95-1.03 on web_5M and
+    0.94-0.96 on TinyStories, 3 rounds each, on 2026-11-29). Each thread has made the call once before
+    (its thread state and output buffer exist, paged in)."""
     def call(start: threading.Barrier | None):
         if start is not None:
             start.wait()  # both begin together
@@ -208,14 +211,17 @@ def cpu_alone_and_two_at_once(tok: Tokenizer, buf: np.ndarray, ends: np.ndarray)
         ids = tok.encode_utf8(buf, ends)
         return time.thread_time() - t0, ids
 
+    alone, together = [], []
     with ThreadPoolExecutor(2) as pool:
         for _ in range(2):  # untimed: each thread's first call
             warm_up = threading.Barrier(2)
             [f.result() for f in [pool.submit(call, warm_up) for _ in range(2)]]
-        alone, _ = pool.submit(call, None).result()
-        start = threading.Barrier(2)
-        both = [f.result() for f in [pool.submit(call, start) for _ in range(2)]]
-    return alone, statistics.mean(t for t, _ in both), [ids for _, ids in both]
+        for _ in range(pairs):
+            alone.append(pool.submit(call, None).result()[0])
+            start = threading.Barrier(2)
+            both = [f.result() for f in [pool.submit(call, start) for _ in range(2)]]
+            together.append(statistics.mean(t for t, _ in both))
+    return statistics.median(alone), statistics.median(together), [ids for _, ids in both]
 
 
 def spread(values: list[float]) -> dict:
