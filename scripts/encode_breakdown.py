@@ -200,10 +200,10 @@ def measure(encoding: str, data: bytes, ends: np.ndarray, starts: np.ndarray,
 def cpu_alone_and_two_at_once(tok: Tokenizer, buf: np.ndarray, ends: np.ndarray, pairs: int = 5):
     """(CPU seconds of a warm `encode_utf8(buf, ends)` on one thread alone, the CPU seconds of
     the same call made by two threads at once, the ids each of the two gave): medians of
-    `pairs` alternations of the two (a single pair moved from 0.69 to 1.72x between rounds, and
-    from 1.09 to 1.63 within one run on web_5M; medians of 5 gave 0.95-1.03 on web_5M and
-    0.94-0.96 on TinyStories, 3 rounds each, on 2026-11-29). Each thread has made the call once before
-    (its thread state and output buffer exist, paged in)."""
+    `pairs` alternations of the two (a single pair moved from 0.69 to 1.72x between rounds,
+    and from 1.09 to 1.63 within one run on web_5M; medians of 5 gave 0.95-1.03 on web_5M and
+    0.94-0.96 on TinyStories, 3 rounds each, on 2026-11-29). Each thread has made the call
+    once before (its thread state and output buffer exist, paged in)."""
     def call(start: threading.Barrier | None):
         if start is not None:
             start.wait()  # both begin together

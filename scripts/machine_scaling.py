@@ -14,9 +14,10 @@ the two alternated. `--scale` multiplies the work of each (and the largest table
   the arithmetic: two hyperthreads of one core overlap such chains almost perfectly);
 - arithmetic over 32 KB: multiply-adds over an array in the core's L1 cache, four sums at a
   time (still bound by the adds' latency, so hyperthreads would overlap these too);
-- integer work, 64 lanes: an xor and an add on each of 64 independent lanes a step, more than
-  the core's units do at once, so they are busy every cycle: the workload that tells a core of
-  its own (2.00x) from a hyperthread sibling (about 1x, the units shared);
+- integer work, 64 lanes: an xor and an add on each of 64 independent lanes a step, enough
+  independent work to keep the core's units busy rather than waiting on a result: the workload
+  that tells a core of its own (2.00x) from hyperthreads of one, which would share the units
+  (towards 1x);
 - random reads in 1 MB (in the core's L2 cache), in 8 MB (the size of nbbpe's pre-token cache
   with GPT-2's files) and in 256 MB (mostly from memory): addresses from a chain of multiplies,
   as the encode loop's lookups are;
