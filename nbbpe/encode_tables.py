@@ -135,6 +135,12 @@ VOCAB_SPREAD = 2
 MIN_CACHE_SIZE = 1 << 16
 
 
+def entries_in(table: Table) -> int:
+    """The pre-tokens `table` holds, exactly: its slots taken. (`fill[1]` counts them too, but
+    each thread adds its own a batch at a time, `count_entry`.)"""
+    return int(np.count_nonzero(table.slots[2::4]))
+
+
 def with_room(table: Table, spread: int = 1) -> Table:
     """`table` allowed to fill its slots to 3/4 (3/8 for `spread` 2): the room a vocab table
     leaves its caches."""

@@ -58,6 +58,7 @@ from bench_encode import default_corpora, documents  # noqa: E402
 from numba import njit  # noqa: E402
 
 from nbbpe import Tokenizer, encode, patterns  # noqa: E402
+from nbbpe.encode_tables import entries_in  # noqa: E402
 from nbbpe.scanners import cl100k, gpt2, o200k  # noqa: E402
 
 SPANS = {"gpt2": (gpt2.gpt2_spans, gpt2.class_table), "cl100k": (cl100k.cl100k_spans, cl100k.class_table),
@@ -120,12 +121,6 @@ def merge_each(buf, offsets, ranks, merge, out, scratch, parts):
 LENGTHS = ((2, 16), (17, 32), (33, 64), (65, encode._HEAP_ABOVE))  # bytes, for `by_length`
 
 
-def entries(table) -> int:
-    """The pre-tokens a cache holds: its slots taken (its count, `fill[1]`, takes each thread's
-    entries a batch at a time)."""
-    return int(np.count_nonzero(table.slots[2::4]))
-
-
 def merge_alone(tok: Tokenizer, buf: np.ndarray, offsets: np.ndarray) -> tuple[float, np.ndarray]:
     """(seconds to merge every piece buf[offsets[k]:offsets[k + 1]] once with `tok`'s merge loop,
     their ids). One untimed call first: compiled, and the tables in the caches as the timed call
@@ -173,18 +168,18 @@ def measure(encoding: str, data: bytes, ends: np.ndarray, starts: np.ndarray,
     # with one-byte pre-tokens only (none is learned), so the cold call's time is no page faults.
     tok.encode_utf8(b"a1" * (len(buf) // 2 + 1))
     cache = tok._get_engine().cache
-    before = entries(cache.table)
+    before = entries_in(cache.table)
     t0 = time.perf_counter()
     cold_ids = tok.encode_utf8(buf, ends)
     cold = time.perf_counter() - t0
     if cache.table.fill[2]:  # it reached `cache_size` and started again: "learned" would be wrong
         raise SystemExit(f"the cache was emptied while encoding {encoding}: use a smaller corpus")
-    learned = entries(cache.table) - before  # a grown table keeps its entries
+    learned = entries_in(cache.table) - before  # a grown table keeps its entries
     t0 = time.perf_counter()
     warm_ids = tok.encode_utf8(buf, ends)
     warm = time.perf_counter() - t0
     # What makes warm - scan the lookups alone: the warm call merged nothing new, same ids.
-    learned_warm = entries(cache.table) - before - learned
+    learned_warm = entries_in(cache.table) - before - learned
     alone, together, both_ids = cpu_alone_and_two_at_once(tok, buf, ends)
     merge_s, ids_alone = merge_alone(tok, new.buf, new.offsets)
     return {"scan_s": scan, "cold_s": cold, "warm_s": warm, "learned": learned,

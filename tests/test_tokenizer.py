@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from nbbpe import CL100K_PATTERN, GPT2_PATTERN, O200K_PATTERN, Tokenizer, train_bpe
 from nbbpe import encode
 from nbbpe.encode import CACHE_AT, OUT_AT
+from nbbpe.encode_tables import entries_in
 from nbbpe.kernel_args import address
 from reference_encode import ReferenceEncoder, read_gpt2_vocab
 
@@ -442,15 +443,10 @@ def test_a_second_pass_looks_up_every_pre_token_the_first_one_learned(gpt2_files
         first = tokenizer.encode_to_numpy(text)
         cache = tokenizer._thread_state().cache
         table = cache.table
-        learned = _entries(table)  # not the count, which takes a thread's entries in batches
+        learned = entries_in(table)  # not the count, which takes a thread's entries in batches
         assert learned > int(cache.vocab.fill[1]) + 100, name
         assert np.array_equal(tokenizer.encode_to_numpy(text), first)
-        assert cache.table is table and _entries(table) == learned, name
-
-
-def _entries(table) -> int:
-    """The entries of a `Table`: its slots taken."""
-    return int(np.count_nonzero(table.slots[2::4]))
+        assert cache.table is table and entries_in(table) == learned, name
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -463,9 +459,9 @@ def test_a_cache_counts_the_entries_its_threads_stored_but_a_batch_each(gpt2_fil
     engine = tokenizer._get_engine()
     table, vocab = engine.cache.table, engine.vocab_table
     assert table.fill[2] == 0  # never started again
-    assert int(vocab.fill[1]) == _entries(vocab)  # built by one thread, counted whole
-    assert _entries(table) > _entries(vocab) + 100  # the pass learned new pre-tokens
-    assert 0 <= _entries(table) - int(table.fill[1]) < threads * ENTRY_BATCH
+    assert int(vocab.fill[1]) == entries_in(vocab)  # built by one thread, counted whole
+    assert entries_in(table) > entries_in(vocab) + 100  # the pass learned new pre-tokens
+    assert 0 <= entries_in(table) - int(table.fill[1]) < threads * ENTRY_BATCH
 
 
 def test_the_short_path_follows_its_cache_and_buffer_when_they_change(gpt2_files):
