@@ -1536,6 +1536,16 @@ def test_the_byte_pairs_of_tokens_are_those_side_by_side_inside_one():
     assert marked == {(ord("a"), ord("b")), (ord("b"), ord("c")), (ord("c"), ord("d"))}
 
 
+def test_the_filters_bit_words_hold_flag_64w_plus_k_at_bit_k_of_word_w():
+    # `Ranks.listed` and `Ranks.windows` are read by the kernels as bit k of word w (`_pair_rank`,
+    # `_window_bit`): the packing both are built with, against the plain definition.
+    flags = np.random.default_rng(7).random(64 * 5) < 0.3
+    words = encode._bit_words(flags)
+    assert words.dtype == np.uint64 and len(words) == 5
+    assert [[(int(words[w]) >> k) & 1 for k in range(64)] for w in range(5)] == (
+        flags.reshape(5, 64).astype(int).tolist())
+
+
 _RANKS_IN_ORDER = {}
 
 
