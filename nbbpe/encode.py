@@ -199,6 +199,14 @@ _EVERY_PAIR = np.ones(1 << 16, dtype=np.uint8)
 _EVERY_WINDOW = np.full(1, np.iinfo(np.uint64).max, dtype=np.uint64)
 
 
+def cut_tables(token_bytes, token_offsets, token_ids) -> tuple[np.ndarray, np.ndarray]:
+    """(`joins`, `windows`) of the tokens `token_ids`, `build_ranks`' last two arguments: the
+    tables `cut_before` reads, always of the same tokens (the windows only ask about pairs that
+    `joins` holds)."""
+    return (byte_pairs_in_tokens(token_bytes, token_offsets, token_ids),
+            token_windows(token_bytes, token_offsets, token_ids))
+
+
 def byte_pairs_in_tokens(token_bytes, token_offsets, token_ids) -> np.ndarray:
     """uint8[65536], 1 at x << 8 | y where byte y follows byte x inside one of the tokens
     `token_ids` (token i is token_bytes[token_offsets[i]:token_offsets[i + 1]]), else 0.
@@ -1442,8 +1450,7 @@ def build_split_ranks(token_bytes, token_offsets, token_ids, byte_ids, n_vocab: 
     n = _split_pairs(token_bytes, token_offsets, token_ids, placeholder.byte_ids, vocab, left,
                      right, rank)
     return build_ranks(left[:n], right[:n], rank[:n], np.arange(n_vocab, dtype=np.int32),
-                       byte_ids, RANKS, byte_pairs_in_tokens(token_bytes, token_offsets, token_ids),
-                       token_windows(token_bytes, token_offsets, token_ids))
+                       byte_ids, RANKS, *cut_tables(token_bytes, token_offsets, token_ids))
 
 
 # --- driving the kernels -------------------------------------------------------------------------

@@ -965,10 +965,9 @@ class _Engine(NamedTuple):
                 encode.compile_shared_first(mode)
             if mode == encode.MERGES:
                 left, right, merged = t._merge_ids
-                made = (t._token_bytes, t._token_offsets, token_ids)
                 ranks = encode.build_ranks(left, right, np.arange(len(left)), merged, t._byte_ids,
-                                           mode, encode.byte_pairs_in_tokens(*made),
-                                           encode.token_windows(*made))
+                                           mode, *encode.cut_tables(t._token_bytes,
+                                                                    t._token_offsets, token_ids))
             else:
                 ranks = encode.build_split_ranks(t._token_bytes, t._token_offsets,
                                                  token_ids[regular], t._byte_ids, t.n_vocab)

@@ -1554,11 +1554,10 @@ def _ranks_in_order(t, order):
     if (id(t), order) not in _RANKS_IN_ORDER:
         ids = np.flatnonzero(t._known).astype(np.int32)
         if order == encode.MERGES:
-            made = (t._token_bytes, t._token_offsets, ids)
             left, right, merged = t._merge_ids
             ranks = encode.build_ranks(left, right, np.arange(len(left)), merged, t._byte_ids,
-                                       order, encode.byte_pairs_in_tokens(*made),
-                                       encode.token_windows(*made))
+                                       order, *encode.cut_tables(t._token_bytes,
+                                                                 t._token_offsets, ids))
         else:
             ranks = encode.build_split_ranks(t._token_bytes, t._token_offsets, ids, t._byte_ids,
                                              t.n_vocab)
