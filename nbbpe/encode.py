@@ -1,7 +1,8 @@
 """Encoding kernels: UTF-8 bytes -> token ids in one compiled pass.
 
 `encode_documents` (one cached kernel per scanner family, see `ENCODERS`) reads a batch of
-documents (UTF-8 bytes end to end, with the offsets where each ends), and for each document:
+documents (UTF-8 bytes end to end, with the offsets where each ends; or each where it lies, a
+batch's ASCII str read in place), and for each document:
 finds the next special-token occurrence, scans the pre-tokens of the stretch before it with the
 family's scanner, looks each pre-token up, runs the byte-pair merge only when it was never seen,
 and writes the ids straight into a preallocated output; then the special token's id, and after
@@ -80,10 +81,10 @@ from .encode_tables import (
 from .id_lists import fill_list, id_list, int_items, int_objects
 from .kernel_args import (LIST_ITEMS_OFFSET, NDARRAY_DATA_OFFSET, OB_TYPE_OFFSET, STR_ASCII_BIT,
                           STR_LENGTH_OFFSET, STR_STATE_OFFSET, TUPLE_ITEMS_OFFSET,
-                          TUPLE_SIZE_OFFSET, PackedArrays, address, array_at, array_from,
+                          TUPLE_SIZE_OFFSET, PackedArrays, address, array_at, array_from, bytes_at,
                           c_function_address, call_at, call_c, copy_bytes, fastcall_address,
                           fastcall_builtin, load_word, new_array_address, object_layout_known,
-                          readonly_array_at)
+                          readonly_array_at, readonly_array_from)
 from .kernel_cache import cached, cfunc_cached, entry_point, native_address
 from .scanners.classes import load8, load_upto8, uindex
 from .scanners.cl100k import cl100k_block_boundaries, cl100k_pretoken_end
@@ -812,17 +813,23 @@ def _key_and_prefetch(context, t, start, end):
 
 
 def pack_encode_args(buf, table, doc_ends, doc_out_ends, scratch, out, specials: Specials,
-                     ranks: Ranks, cache: Table, text_buffer=None,
-                     short_path: tuple = ()) -> PackedArrays:
+                     ranks: Ranks, cache: Table, text_buffer=None, short_path: tuple = (),
+                     doc_addresses=None) -> PackedArrays:
     """The arrays and tables an encode kernel reads, packed as `encode_args` unpacks them: `buf`
     (UTF-8) uint8, the family's class table (of the kernel's `table_dtype`), `doc_ends`,
-    `doc_out_ends` and `scratch` int64, `out` int32. For the short path (`_short_path`),
+    `doc_out_ends` and `scratch` int64, `out` int32, `doc_addresses` int64 (default none: the
+    documents are in `buf`; see `encode_documents`). For the short path (`_short_path`),
     `text_buffer` (uint8, `COPY_UP_TO` + `TEXT_PAD` bytes) after them, at `TEXT_BUFFER_AT`,
     then the ints `short_path` (`short_path_values`)."""
-    dtypes = (buf.dtype, doc_ends.dtype, doc_out_ends.dtype, scratch.dtype, out.dtype)
+    doc_addresses = _IN_BUF if doc_addresses is None else doc_addresses
+    dtypes = (buf.dtype, doc_ends.dtype, doc_out_ends.dtype, scratch.dtype, out.dtype,
+              doc_addresses.dtype)
     if dtypes != _ENCODE_ARG_TYPES:
         raise TypeError(f"encode kernel arguments of dtypes {dtypes}, not {_ENCODE_ARG_TYPES}")
-    items = (buf, table, doc_ends, doc_out_ends, scratch, out, specials, ranks, cache)
+    if len(doc_addresses) not in (0, len(doc_ends)):
+        raise ValueError(f"{len(doc_addresses)} document addresses for {len(doc_ends)} documents")
+    items = (buf, table, doc_ends, doc_out_ends, scratch, out, doc_addresses, specials, ranks,
+             cache)
     if text_buffer is None:
         return PackedArrays(*items)
     if text_buffer.dtype != np.uint8 or len(text_buffer) < COPY_UP_TO + TEXT_PAD:
@@ -831,35 +838,43 @@ def pack_encode_args(buf, table, doc_ends, doc_out_ends, scratch, out, specials:
     return PackedArrays(*items, text_buffer, *short_path)
 
 
-_ENCODE_ARG_TYPES = tuple(np.dtype(t) for t in (np.uint8, np.int64, np.int64, np.int64, np.int32))
+_ENCODE_ARG_TYPES = tuple(np.dtype(t) for t in (np.uint8, np.int64, np.int64, np.int64, np.int32,
+                                                 np.int64))
+_IN_BUF = np.empty(0, dtype=np.int64)  # no document addresses: the documents are in `buf`
 
 
-def repack_documents(args: PackedArrays, buf, doc_ends, doc_out_ends) -> None:
+def repack_documents(args: PackedArrays, buf, doc_ends, doc_out_ends, doc_addresses=None) -> None:
     """Put other documents in `args` (from `pack_encode_args`), keeping the rest as packed:
     packing all of it takes ~35 µs, held under the GIL, for each call of a batch's groups."""
-    dtypes = (buf.dtype, doc_ends.dtype, doc_out_ends.dtype)
-    if dtypes != _ENCODE_ARG_TYPES[:3]:
-        raise TypeError(f"documents of dtypes {dtypes}, not {_ENCODE_ARG_TYPES[:3]}")
+    doc_addresses = _IN_BUF if doc_addresses is None else doc_addresses
+    dtypes = (buf.dtype, doc_ends.dtype, doc_out_ends.dtype, doc_addresses.dtype)
+    if dtypes != _ENCODE_ARG_TYPES[:3] + _ENCODE_ARG_TYPES[5:]:
+        raise TypeError(f"documents of dtypes {dtypes}, not "
+                        f"{_ENCODE_ARG_TYPES[:3] + _ENCODE_ARG_TYPES[5:]}")
+    if len(doc_addresses) not in (0, len(doc_ends)):
+        raise ValueError(f"{len(doc_addresses)} document addresses for {len(doc_ends)} documents")
     args.set_array(TEXT_AT, buf)
     args.set_array(DOC_ENDS_AT, doc_ends)
     args.set_array(DOC_OUT_ENDS_AT, doc_out_ends)
+    args.set_array(DOC_ADDRESSES_AT, doc_addresses)
 
 
 def release_documents(args: PackedArrays) -> None:
     """Let go of the documents last put in `args` (`repack_documents`)."""
-    for k in (TEXT_AT, DOC_ENDS_AT, DOC_OUT_ENDS_AT):
+    for k in (TEXT_AT, DOC_ENDS_AT, DOC_OUT_ENDS_AT, DOC_ADDRESSES_AT):
         args.release(k)
 
 
 @njit(inline="always")
 def encode_args(values, table_dtype):
     """The arguments `pack_encode_args` packed: buf, table, doc_ends, doc_out_ends, scratch, out,
-    specials, ranks, cache (the text and the class table typed read-only, as they are)."""
+    doc_addresses, specials, ranks, cache (the text and the class table typed read-only, as
+    they are)."""
     return (readonly_array_at(values, TEXT_AT, np.uint8), readonly_array_at(values, 2, table_dtype),
             array_at(values, DOC_ENDS_AT, np.int64), array_at(values, DOC_OUT_ENDS_AT, np.int64),
             array_at(values, 8, np.int64), array_at(values, OUT_AT, np.int32),
-            specials_at(values, SPECIALS_AT), ranks_at(values, RANKS_AT),
-            table_at(values, CACHE_AT))
+            array_at(values, DOC_ADDRESSES_AT, np.int64), specials_at(values, SPECIALS_AT),
+            ranks_at(values, RANKS_AT), table_at(values, CACHE_AT))
 
 
 # Where `pack_encode_args` puts the text, the documents' ends, the output buffer and the tables
@@ -868,11 +883,31 @@ TEXT_AT = 0
 DOC_ENDS_AT = 4
 DOC_OUT_ENDS_AT = 6
 OUT_AT = 10
-SPECIALS_AT = 12
+DOC_ADDRESSES_AT = 12
+SPECIALS_AT = 14
 RANKS_AT = SPECIALS_AT + SPECIALS_ITEMS
 CACHE_AT = RANKS_AT + RANKS_ITEMS
 ENCODE_ARG_ITEMS = CACHE_AT + TABLE_ITEMS
 TEXT_BUFFER_AT = ENCODE_ARG_ITEMS  # the short path's text buffer, after what the kernel reads
+
+
+# Memory is mapped a page at a time: bytes past a document's end in the same page can be read.
+_PAGE = 4096
+
+
+@njit(inline="always")  # into `encode_documents`
+def document_at(doc_addresses, doc_ends, doc):
+    """Document `doc` as the kernel reads it: an array whose items doc_ends[doc - 1] (0 for the
+    first) to doc_ends[doc] are its bytes, at doc_addresses[doc]. The items before are not
+    its (never read: no scanner looks back past a pre-token's start); those after, up to
+    `BLOCK` bytes, are whatever follows it in its page of memory, so that its last bytes are
+    scanned and keyed a block at a time too (read, never counted as text: see `past_the_end`)."""
+    begin = doc_ends[doc - 1] if doc > 0 else np.int64(0)
+    end = doc_ends[doc]
+    address = doc_addresses[doc]
+    past = address + (end - begin)
+    readable = min(np.int64(BLOCK), ((past + (_PAGE - 1)) & -_PAGE) - past)
+    return readonly_array_from(address - begin, end + readable, np.uint8)
 
 
 @njit(inline="always")  # into each family's kernel, as `spans.scan_window`
@@ -891,9 +926,13 @@ def encode_documents(scanner, block_scanner, table_dtype, encode_new, args, sepa
     again); else `need` is 0.
     `doc_out_ends[d]` receives out_base + the number of ids written up to the end of document d.
     `table_dtype`: that of the family's class table.
+
+    With `doc_addresses` (one per document), the documents are not in `buf`: document d's
+    bytes (doc_ends[d - 1]:doc_ends[d], as if end to end) are where doc_addresses[d] says, read
+    there (`document_at`: a batch's ASCII texts where CPython holds them, not copied).
     """
-    buf, table, doc_ends, doc_out_ends, scratch, out, specials, ranks, cache = encode_args(
-        args, table_dtype)
+    buf, table, doc_ends, doc_out_ends, scratch, out, doc_addresses, specials, ranks, cache = (
+        encode_args(args, table_dtype))
     cap = out.shape[0] - SPARE_IDS  # see `copy_short_ids`
     window = scratch[:WINDOW]
     keys0 = scratch[WINDOW : 2 * WINDOW]
@@ -906,6 +945,9 @@ def encode_documents(scanner, block_scanner, table_dtype, encode_new, args, sepa
     n_docs = doc_ends.shape[0]
     while doc < n_docs:
         end = doc_ends[doc]
+        if doc_addresses.shape[0] > 0:  # each document where it lies
+            buf = document_at(doc_addresses, doc_ends, doc)
+            keyed = (buf, cache, keys0, keys1, tags, hashes)
         while i < end:
             stop, which = next_special(buf, i, end, specials)
             while i < stop:
@@ -1574,7 +1616,7 @@ def load_rare_kernels(ranks: Ranks, vocab: Table) -> None:
         texts = ["\xe9"]
         if cached(gather_utf8):
             gather_utf8(id(texts), 1, np.zeros(0, dtype=np.int64), np.empty(4, dtype=np.uint8),
-                        np.empty(1, dtype=np.int64))
+                        np.empty(1, dtype=np.int64), np.empty(1, dtype=np.int64))
         if cached(str_lengths):
             str_lengths(id(texts), 1, id(str), np.empty(1, dtype=np.int64))
 
@@ -1697,32 +1739,38 @@ class DocumentEncoder:
             return False
 
     def encode(self, buf, doc_ends, separator: int, state: ThreadState, doc_out_ends,
-               dtype) -> np.ndarray:
+               dtype, doc_addresses=None) -> np.ndarray:
         """All ids (as `dtype`) of the documents of `buf` (UTF-8, validated), document d ending
         at doc_ends[d], each followed by `separator` unless it is negative; `doc_out_ends`
-        receives where each document's ids end. The arrays must be C-contiguous."""
-        return self._run(buf, doc_ends, separator, state, doc_out_ends, dtype)
+        receives where each document's ids end. The arrays must be C-contiguous. With
+        `doc_addresses` (int64, one per document), each document's bytes are at its address
+        instead, not in `buf` (see `encode_documents`; the caller keeps them alive)."""
+        return self._run(buf, doc_ends, separator, state, doc_out_ends, dtype,
+                         doc_addresses=doc_addresses)
 
-    def _run(self, buf, doc_ends, separator, state, doc_out_ends, dtype, room=None):
+    def _run(self, buf, doc_ends, separator, state, doc_out_ends, dtype, room=None,
+             doc_addresses=None):
         """Call the kernel until every document is done, merging the long pre-tokens it stops
         at and letting the cache grow when it asks; then let go of the documents. `room`: the
         most ids the output buffer is asked to hold (default: all of them)."""
         try:
-            return self._calls(buf, doc_ends, separator, state, doc_out_ends, dtype, room)
+            return self._calls(buf, doc_ends, separator, state, doc_out_ends, dtype, room,
+                               doc_addresses)
         finally:
             if state.run_args is not None:
                 release_documents(state.run_args)
 
-    def _calls(self, buf, doc_ends, separator, state, doc_out_ends, dtype, room):
+    def _calls(self, buf, doc_ends, separator, state, doc_out_ends, dtype, room, doc_addresses):
         n_docs = len(doc_ends)
-        most = len(buf) + (n_docs if separator >= 0 else 0) + 1  # one id a byte, separators
+        size = len(buf) if doc_addresses is None else (int(doc_ends[-1]) if n_docs else 0)
+        most = size + (n_docs if separator >= 0 else 0) + 1  # one id a byte, separators
         out = state.output(most if room is None else min(most, room))
         ids = None  # once a call does not do it all: room for `most`, filled as they come
         total = 0
         doc = i = 0
         while True:
             cache = state.cache.table
-            args = self._packed(state, buf, doc_ends, doc_out_ends, out, cache)
+            args = self._packed(state, buf, doc_ends, doc_out_ends, out, cache, doc_addresses)
             if self._entry is None:  # the first call: through the dispatcher
                 w, doc, i, need = self.kernel(args.values, separator, total, doc, i)
                 self._entry = entry_point(self.kernel, (args.values, separator, total, doc, i))
@@ -1739,15 +1787,20 @@ class DocumentEncoder:
                 return ids
             if need > 0:
                 _, _, ranks, vocab = self.tables
-                piece = long_piece_ids(buf, i, need, ranks, vocab)
+                if doc_addresses is None:
+                    piece = long_piece_ids(buf, i, need, ranks, vocab)
+                else:  # from its document, where it lies
+                    begin = int(doc_ends[doc - 1]) if doc > 0 else 0
+                    data = bytes_at(int(doc_addresses[doc]) + i - begin, need)
+                    piece = long_piece_ids(data, 0, need, ranks, vocab)
                 ids[total : total + len(piece)] = piece
                 total += len(piece)
                 i += need
             elif need < 0:
                 state.make_room(cache)
 
-    def _packed(self, state: ThreadState, buf, doc_ends, doc_out_ends, out,
-                cache: Table) -> PackedArrays:
+    def _packed(self, state: ThreadState, buf, doc_ends, doc_out_ends, out, cache: Table,
+                doc_addresses=None) -> PackedArrays:
         """The kernel's packed arguments for these documents: the thread's, with the documents
         put in, or packed anew if the output buffer or the cache's table is not the one they
         hold."""
@@ -1755,10 +1808,11 @@ class DocumentEncoder:
         if args is None or state.run_holds[0] is not out or state.run_holds[1] is not cache:
             table, specials, ranks, _ = self.tables
             args = state.run_args = pack_encode_args(buf, table, doc_ends, doc_out_ends,
-                                                     state.scratch, out, specials, ranks, cache)
+                                                     state.scratch, out, specials, ranks, cache,
+                                                     doc_addresses=doc_addresses)
             state.run_holds = (out, cache)
         else:
-            repack_documents(args, buf, doc_ends, doc_out_ends)
+            repack_documents(args, buf, doc_ends, doc_out_ends, doc_addresses)
         return args
 
 

@@ -257,6 +257,11 @@ def load_int(at: int) -> int:
     return ctypes.c_int64.from_address(at).value
 
 
+def bytes_at(at: int, length: int) -> np.ndarray:
+    """A copy of the `length` bytes at address `at`, as a read-only uint8 array."""
+    return np.frombuffer(ctypes.string_at(at, length), dtype=np.uint8)
+
+
 # A str of each kind CPython holds (ASCII, 1, 2 and 4 bytes a character), read to check the
 # offsets above and `text_bytes`' own.
 LAYOUT_SAMPLE_STRS = ("Hi!", "é" * 5, "日本" + "x" * 40, "😀" * 3, "a" * 200)

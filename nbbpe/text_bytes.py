@@ -14,7 +14,10 @@ threads of a batch waited for the GIL. And a batch's short texts, each made `byt
   lies and releases the GIL (`gather_utf8`), into a buffer the thread keeps (so its pages fault
   in once): a 2-thread batch of TinyStories' documents took 0.87-0.91x the time (web_5M
   0.92x, multi_1M 0.93x) than with `str.encode` and joins; one long text of 5 MB of web text,
-  3.1-3.4 ms against 7.3-7.8 for slicing it and `str.encode`.
+  3.1-3.4 ms against 7.3-7.8 for slicing it and `str.encode`;
+- and a batch's ASCII texts are not even copied there: `gather_utf8` says where each lies, and
+  the kernel reads each document at its own address (`encode.encode_documents`'
+  `doc_addresses`).
 
 A batch of many texts has their lengths read (and each checked to be a `str`) by one compiled
 loop too (`str_lengths`), not by `isinstance` and `len` of each in Python: 71,782 TinyStories
@@ -128,7 +131,7 @@ _STR_COMPACT_BIT = 1 << 5
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def gather_utf8(texts, n, spans, out, ends):
+def gather_utf8(texts, n, spans, out, ends, addresses):
     """Write the UTF-8 of n str, the first items of the list at address `texts` (each whole,
     or with `spans`, int64[2n], the characters spans[2k]:spans[2k + 1] of text k), to `out`
     end to end, where each ends to ends[k]; return where the last ends. Or return -1 if one
@@ -137,18 +140,29 @@ def gather_utf8(texts, n, spans, out, ends):
     room needed (4 bytes a character) if `out` has less. The list and its str must live and
     not change meanwhile: the caller's own, not shared. Reads each str where CPython holds it,
     with no Python call (so no GIL): an ASCII one copied as it is, another transcoded from its
-    1, 2 or 4 bytes a character."""
+    1, 2 or 4 bytes a character.
+
+    With `addresses` (int64[n]), an ASCII text is not copied: addresses[k] is where text k's
+    UTF-8 starts, in the str for an ASCII one, else in `out`; ends[k] and what is returned are
+    where each would end if they were end to end, and the room needed is for the others only.
+    (For `encode_documents`' `doc_addresses`: a 2-thread batch of TinyStories' documents,
+    ASCII, was copied at ~3 GB/s, 1.3-1.6 ms of its threads' 16 ms.)"""
     items = load_word(texts + LIST_ITEMS_OFFSET)
     whole = spans.shape[0] == 0
+    located = addresses.shape[0] > 0
     room = np.int64(0)
     for k in range(n):
+        text = load_word(items + 8 * k)
+        if located and load_word(text + STR_STATE_OFFSET) & STR_ASCII_BIT:
+            continue  # read where it is
         if whole:
-            room += 4 * load_word(load_word(items + 8 * k) + STR_LENGTH_OFFSET)
+            room += 4 * load_word(text + STR_LENGTH_OFFSET)
         else:
             room += 4 * (spans[2 * k + 1] - spans[2 * k])
     if room > out.shape[0]:
         return -2 - room
-    w = np.int64(0)
+    w = np.int64(0)  # bytes written to `out`
+    total = np.int64(0)  # bytes of the texts
     for k in range(n):
         text = load_word(items + 8 * k)
         state = load_word(text + STR_STATE_OFFSET)
@@ -159,10 +173,15 @@ def gather_utf8(texts, n, spans, out, ends):
             return -1
         if state & _STR_COMPACT_BIT == 0:  # its characters elsewhere (a subclass's, say)
             return -1
-        if state & STR_ASCII_BIT:
+        if state & STR_ASCII_BIT and located:
+            addresses[k] = text + ASCII_DATA_OFFSET + start
+            total += end - start
+        elif state & STR_ASCII_BIT:
             copy_bytes(data_address(out) + w, text + ASCII_DATA_OFFSET + start, end - start)
             w += end - start
+            total = w
         else:
+            at = w
             kind = (state >> _STR_KIND_SHIFT) & 7
             data = text + COMPACT_DATA_OFFSET
             if kind == 1:
@@ -175,8 +194,11 @@ def gather_utf8(texts, n, spans, out, ends):
                                    w)
             if w < 0:
                 return -1
-        ends[k] = w
-    return w
+            if located:
+                addresses[k] = data_address(out) + at
+            total += w - at
+        ends[k] = total
+    return total
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -245,11 +267,14 @@ def _announce_once(kernel) -> None:
         _checked.add(kernel)
 
 
-def gather(texts: list, state, spans: np.ndarray | None = None) -> tuple | None:
+def gather(texts: list, state, spans: np.ndarray | None = None, *,
+           in_place: bool = False) -> tuple | None:
     """(UTF-8, where each text ends in it) of the str of `texts` (a list of the caller's own;
     with `spans`, of text k's characters spans[2k]:spans[2k + 1]), made by `gather_utf8` in
     the buffer that the thread's `state` keeps (so its pages fault in once); None if it cannot
-    be (a lone surrogate, a str laid out otherwise)."""
+    be (a lone surrogate, a str laid out otherwise). `in_place`: (UTF-8, ends, addresses)
+    instead, the ASCII texts read where they are (`gather_utf8`'s `addresses`): the texts must
+    then live, unchanged, as long as the addresses are used."""
     if not gather_layout_known():
         return None
     _announce_once(gather_utf8)
@@ -257,9 +282,12 @@ def gather(texts: list, state, spans: np.ndarray | None = None) -> tuple | None:
         texts = list(texts)
     spans = _WHOLE if spans is None else spans
     ends = np.empty(len(texts), dtype=np.int64)
+    addresses = np.empty(len(texts) if in_place else 0, dtype=np.int64)
     buf = state.utf8_room(1)
-    w = gather_utf8(id(texts), len(texts), spans, buf, ends)
+    w = gather_utf8(id(texts), len(texts), spans, buf, ends, addresses)
     if w <= -2:  # too little room: -2 - the room it needs
         buf = state.utf8_room(-2 - w)
-        w = gather_utf8(id(texts), len(texts), spans, buf, ends)
-    return None if w < 0 else (buf[:w], ends)
+        w = gather_utf8(id(texts), len(texts), spans, buf, ends, addresses)
+    if w < 0:
+        return None
+    return (buf, ends, addresses) if in_place else (buf[:w], ends)

@@ -442,11 +442,16 @@ class Tokenizer:
     def _encode_in_place_text(self, text: str, dtype):
         """The ids of a text of `_READ_IN_PLACE_FROM` to `_LONG_TEXT_CHARS` characters and more
         bytes than the short path takes, as `dtype` (a list if None): encoded the long way,
-        its UTF-8 from `_utf8_in_place`, not copied by `str.encode`. (A shorter text takes the
-        short path's one call, which wants `bytes`: faster than the long way, 386 against 528
-        us for 70k characters.)"""
-        made = self._utf8_in_place([(text, 0, len(text))])
-        data = _utf8(text) if made is None else made[0]  # a lone surrogate: replaced
+        its UTF-8 read where the str holds it (ASCII) or made by `text_bytes.gather`, not
+        copied by `str.encode`. (A shorter text takes the short path's one call, which wants
+        `bytes`: faster than the long way, 386 against 528 us for 70k characters.)"""
+        from . import text_bytes  # (it imports Numba: not with nbbpe)
+
+        if text.isascii():
+            data = text_bytes.ascii_bytes(text)
+        else:
+            made = text_bytes.gather([text], self._thread_state())
+            data = _utf8(text) if made is None else made[0]  # a lone surrogate: replaced
         return self._get_engine().documents.encode_text_long(data, self._thread_state(), dtype)
 
     def _encode_long(self, text: str, dtype) -> np.ndarray:
@@ -634,14 +639,15 @@ class Tokenizer:
         return encoded if encoded is not None else self._encode_joined(pieces, dtype)
 
     def _encode_joined(self, pieces: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
-        """`_encode_pieces` of texts made one UTF-8 buffer: by a compiled loop that reads each
-        str where it lies, without the GIL (`text_bytes.gather`: TinyStories' 4.5 MB in 0.33 ms
-        where `str.encode` and joins took 1.4 ms, holding the GIL); else by those."""
+        """`_encode_pieces` of texts as UTF-8: by a compiled loop that reads each str where it
+        lies, without the GIL (`text_bytes.gather`: TinyStories' 4.5 MB in 0.33 ms where
+        `str.encode` and joins took 1.4 ms, holding the GIL), the ASCII ones not even copied
+        (the kernel reads them in the str); else by those, into one buffer."""
         from . import text_bytes  # (it imports Numba: not with nbbpe)
 
-        made = text_bytes.gather(pieces, self._thread_state())
+        made = text_bytes.gather(pieces, self._thread_state(), in_place=True)
         if made is not None:
-            return self.encode_utf8(*made, dtype=dtype)
+            return self._encode_located(*made, dtype)
         if all(map(str.isascii, pieces)):  # isascii: O(1); map: no Python frame per piece
             data = "".join(pieces).encode("ascii")  # as many bytes as characters
         else:
@@ -673,20 +679,33 @@ class Tokenizer:
         if sum(end - start for _, start, end in spans) < _READ_IN_PLACE_FROM * len(spans):
             return None
         made = self._utf8_in_place(spans)
-        return None if made is None else self.encode_utf8(*made, dtype=dtype)
+        return None if made is None else self._encode_located(*made, dtype)
 
-    def _utf8_in_place(self, spans: list) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """(UTF-8, where each span ends in it) of text[start:end] for each (text, start, end)
-        of `spans`, without slicing the texts or holding the GIL to make it (`text_bytes`): one
-        ASCII span read where the str holds it (ends None: one text), others gathered into
-        this thread's buffer. None if one holds a lone surrogate."""
+    def _utf8_in_place(self, spans: list) -> tuple | None:
+        """(UTF-8, where each span ends, where each span's UTF-8 starts) of text[start:end] for
+        each (text, start, end) of `spans`, without slicing the texts or holding the GIL to make
+        it (`text_bytes`): the ASCII ones where the str holds them (one alone: its bytes, ends
+        and starts None), the others made in this thread's buffer. None if one holds a lone
+        surrogate. The spans' texts must live as long as the addresses are used."""
         from . import text_bytes  # (it imports Numba: not with nbbpe)
 
         if len(spans) == 1 and spans[0][0].isascii():
             text, start, end = spans[0]
-            return text_bytes.ascii_bytes(text)[start:end], None
+            return text_bytes.ascii_bytes(text)[start:end], None, None
         bounds = np.array([at for _, start, end in spans for at in (start, end)], dtype=np.int64)
-        return text_bytes.gather([text for text, _, _ in spans], self._thread_state(), bounds)
+        return text_bytes.gather([text for text, _, _ in spans], self._thread_state(), bounds,
+                                 in_place=True)
+
+    def _encode_located(self, buf, doc_ends, doc_addresses, dtype) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_utf8` of documents each at its address (`text_bytes.gather`'s `in_place`):
+        `buf` holds those that are not ASCII, the others are read in their str. (No addresses:
+        `encode_utf8` of `buf`.)"""
+        if doc_addresses is None:
+            return self.encode_utf8(buf, doc_ends, dtype=dtype)
+        doc_out_ends = np.empty(len(doc_ends), dtype=np.int64)
+        ids = self._get_engine().documents.encode(buf, doc_ends, -1, self._thread_state(),
+                                                  doc_out_ends, dtype, doc_addresses)
+        return ids, doc_out_ends
 
     def _encode_group(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
         """(ids as `dtype`, where each text's ids end) of `texts`, in this thread."""

@@ -9,6 +9,7 @@ from numba import njit, typeof, types
 
 from nbbpe.encode import (
     COPY_UP_TO,
+    DOC_ADDRESSES_AT,
     DOC_ENDS_AT,
     DOC_OUT_ENDS_AT,
     ENCODE_ARG_ITEMS,
@@ -41,10 +42,11 @@ def _unpacked_encode_args(values):
     # What the kernel sees of each packed item, as numbers Python can compare: for each array
     # its length, sum and first item; the tables' ints.
     unpacked = encode_args(values, np.uint8)
-    buf, table, doc_ends, doc_out_ends, scratch, out, specials, ranks, cache = unpacked
+    buf, table, doc_ends, doc_out_ends, scratch, out, doc_addresses, specials, ranks, cache = (
+        unpacked)
     doc_out_ends[0] = 77  # written through to the caller's array
     out[-1] = -5
-    summary = (_s(buf), _s(table), _s(doc_ends), _s(scratch), _s(specials.data),
+    summary = (_s(buf), _s(table), _s(doc_ends), _s(scratch), _s(doc_addresses), _s(specials.data),
                _s(specials.offsets), _s(ranks.slots), _s(cache.slots), _s(cache.fill), _s(out),
                _s(specials.ids), _s(ranks.merged), _s(ranks.byte_ids), _s(ranks.dense),
                _s(cache.records),
@@ -74,13 +76,14 @@ def test_every_array_and_int_of_the_encode_kernels_arrives_whole():
                            id_bits=17, rank_bits=19, dense_bits=3, merged_offset=-1)
     cache = SharedCache(new_table(40, 256, 64), 100).table
     cache.fill[:] = (3, 4, 5)
+    doc_addresses = np.array([1 << 40, 3], dtype=np.int64)
     packed = pack_encode_args(buf, table, doc_ends, doc_out_ends, scratch, out, specials, ranks,
-                              cache)
+                              cache, doc_addresses=doc_addresses)
     assert len(packed.values) == ENCODE_ARG_ITEMS
 
     summary, ints = _unpacked_encode_args(packed.values)
 
-    expected = [_summary(a) for a in (buf, table, doc_ends, scratch, specials.data,
+    expected = [_summary(a) for a in (buf, table, doc_ends, scratch, doc_addresses, specials.data,
                                       specials.offsets, ranks.slots, cache.slots, cache.fill)]
     out_after = out.copy()
     out_after[-1] = -5
@@ -121,6 +124,12 @@ def test_wrong_arrays_are_refused_before_any_kernel_sees_them():
     with pytest.raises(ValueError, match="contiguous"):
         pack_encode_args(**{**good, "buf": np.zeros(8, np.uint8)[::2]}, specials=specials,
                          ranks=ranks, cache=cache)
+    with pytest.raises(ValueError, match="2 document addresses for 1 documents"):
+        pack_encode_args(**good, specials=specials, ranks=ranks, cache=cache,
+                         doc_addresses=np.zeros(2, np.int64))
+    with pytest.raises(TypeError, match="dtypes"):
+        pack_encode_args(**good, specials=specials, ranks=ranks, cache=cache,
+                         doc_addresses=np.zeros(1, np.int32))
     # The short path's text buffer goes after the rest, and has room for a text and its pad.
     buffer = np.zeros(COPY_UP_TO + TEXT_PAD, np.uint8)
     packed = pack_encode_args(**good, specials=specials, ranks=ranks, cache=cache,
@@ -142,13 +151,19 @@ def test_documents_put_in_packed_arguments_replace_the_old_and_are_let_go():
                               np.zeros(8, np.int32), specials, ranks, cache)
     before = packed.values.copy()
     buf, ends, out_ends = np.arange(9, dtype=np.uint8), np.array([4, 9]), np.zeros(2, np.int64)
-    repack_documents(packed, buf, ends, out_ends)
+    at = np.array([1000, 2000], dtype=np.int64)
+    repack_documents(packed, buf, ends, out_ends, at)
     expected = before.copy()
     expected[[TEXT_AT, TEXT_AT + 1, DOC_ENDS_AT, DOC_ENDS_AT + 1, DOC_OUT_ENDS_AT,
-              DOC_OUT_ENDS_AT + 1]] = [address(buf), 9, address(ends), 2, address(out_ends), 2]
+              DOC_OUT_ENDS_AT + 1, DOC_ADDRESSES_AT, DOC_ADDRESSES_AT + 1]] = [
+        address(buf), 9, address(ends), 2, address(out_ends), 2, address(at), 2]
     assert packed.values.tolist() == expected.tolist()  # the rest as packed
+    repack_documents(packed, buf, ends, out_ends)  # no addresses: the documents are in buf
+    assert packed.values[DOC_ADDRESSES_AT + 1] == 0
     with pytest.raises(TypeError, match="dtypes"):
         repack_documents(packed, buf, ends.astype(np.int32), out_ends)
+    with pytest.raises(ValueError, match="1 document addresses for 2 documents"):
+        repack_documents(packed, buf, ends, out_ends, at[:1])
     with pytest.raises(ValueError, match="no array"):
         packed.set_array(SPECIALS_AT - 1, buf)  # not where an array is packed
     held = weakref.ref(buf)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import nbbpe.tokenizer
 from nbbpe import text_bytes
+from nbbpe.kernel_args import address, bytes_at
 from nbbpe.text_bytes import ascii_bytes, gather_utf8
 from nbbpe.tokenizer import _utf8
 
@@ -22,16 +23,25 @@ EOT = "<|endoftext|>"
 EDGES = "\x00\x7f\x80\xff\u0100\u07ff\u0800\ud7ff\ue000\uffff\U00010000\U0010ffff"
 
 
-def gathered(texts, spans=None, room=None):
+def gathered(texts, spans=None, room=None, addresses=None):
     """(what gather_utf8 returns, the bytes it wrote, where each text ended) for `texts`, whole
-    or by `spans` ((start, end) each), into a buffer of `room` bytes (default: as asked)."""
+    or by `spans` ((start, end) each), into a buffer of `room` bytes (default: as asked); with
+    `addresses` (an int64 array, one per text), in place (the bytes are then all the buffer's,
+    untouched ones 0xAA, and a fourth item: the bytes at each address, read before the buffer
+    is let go of)."""
     bounds = np.array([at for span in spans for at in span] if spans else [], dtype=np.int64)
     chars = sum(end - start for start, end in spans) if spans else sum(map(len, texts))
     out = np.full((4 * chars if room is None else room) + 8, 0xAA, dtype=np.uint8)
     ends = np.full(len(texts), -7, dtype=np.int64)
-    w = gather_utf8(id(texts), len(texts), bounds, out[: len(out) - 8], ends)
+    in_place = np.empty(0, dtype=np.int64) if addresses is None else addresses
+    w = gather_utf8(id(texts), len(texts), bounds, out[: len(out) - 8], ends, in_place)
     assert (out[len(out) - 8 :] == 0xAA).all()  # nothing past the buffer is touched
-    return w, out[: max(w, 0)].tobytes(), ends.tolist()
+    if addresses is None:
+        return w, out[: max(w, 0)].tobytes(), ends.tolist()
+    starts = [0, *ends[:-1]]
+    at_addresses = ([bytes_at(int(a), int(e - s)).tobytes()
+                     for a, s, e in zip(addresses, starts, ends)] if w >= 0 else None)
+    return w, out[: len(out) - 8].tobytes(), ends.tolist(), at_addresses
 
 
 def transcoded(text, start=0, end=None):
@@ -57,6 +67,34 @@ def test_gather_utf8_writes_what_str_encode_gives(texts, data):
             continue
         assert written == "".join(parts).encode() and w == len(written)
         assert ends == np.cumsum([len(p.encode()) for p in parts], dtype=np.int64).tolist()
+
+
+@given(st.lists(ANY_TEXT, max_size=6), st.data())
+@settings(max_examples=300)
+def test_gather_utf8_in_place_leaves_ascii_texts_where_they_are(texts, data):
+    texts = [text if data.draw(st.booleans()) else text.encode("ascii", "replace").decode()
+             for text in texts]  # ASCII ones among the others
+    spans = [(a, data.draw(st.integers(a, len(text))))
+             for text in texts for a in [data.draw(st.integers(0, len(text)))]]
+    for bounds in (None, spans):
+        parts = texts if bounds is None else [text[a:b] for text, (a, b) in zip(texts, spans)]
+        addresses = np.full(len(texts), -7, dtype=np.int64)
+        w, written, ends, at_addresses = gathered(texts, bounds, addresses=addresses)
+        if any("\ud800" <= c <= "\udfff" for part in parts for c in part):
+            assert w == -1
+            continue
+        utf8 = [part.encode() for part in parts]
+        assert ends == np.cumsum([len(b) for b in utf8], dtype=np.int64).tolist()
+        assert w == sum(map(len, utf8))
+        # only the texts that are not ASCII are written to the buffer, end to end ...
+        others = b"".join(b for b, text in zip(utf8, texts) if not text.isascii())
+        assert written[: len(others)] == others and set(written[len(others) :]) <= {0xAA}
+        for k, (text, part) in enumerate(zip(texts, utf8)):
+            # ... and each text's UTF-8 is at its address: an ASCII one in the str itself
+            assert at_addresses[k] == part
+            if text.isascii():
+                start = 0 if bounds is None else spans[k][0]
+                assert addresses[k] == address(ascii_bytes(text)) + start
 
 
 @pytest.mark.parametrize("filler", ["a", "\xe9", "\u0416", "\U0001f642"])  # each str kind
@@ -92,6 +130,12 @@ def test_gather_utf8_says_what_it_cannot_do():
     assert gathered(texts, room=24)[:2] == (8, "abc\xe9t\xe9".encode())
     assert gathered(texts, [(1, 3), (0, 2)], room=15)[0] == -2 - 16  # 4 characters asked
     assert gathered(texts, [(1, 3), (0, 2)], room=16)[:2] == (5, "bc\xe9t".encode())
+    # in place, room only for the texts that are not ASCII
+    addresses = np.zeros(2, dtype=np.int64)
+    assert gathered(texts, room=11, addresses=addresses)[0] == -2 - 12
+    w, written, _, at_addresses = gathered(texts, room=12, addresses=addresses)
+    assert w == 8 and written[:5] == "\xe9t\xe9".encode() and set(written[5:]) <= {0xAA}
+    assert at_addresses == [b"abc", "\xe9t\xe9".encode()]
 
 
 def test_str_lengths_of_a_list_or_none_at_what_is_not_a_str():

@@ -509,7 +509,7 @@ def test_the_short_path_is_packed_again_only_when_its_cache_or_buffer_changed(gp
     packs = []
     real = encode.pack_encode_args
     monkeypatch.setattr(encode, "pack_encode_args",
-                        lambda *args: packs.append(len(args)) or real(*args))
+                        lambda *args, **kwargs: packs.append(len(args)) or real(*args, **kwargs))
     long_text = read("web_sample.txt") * 3
     assert len(long_text) > state.text_room
     expected = tokenizer.encode(long_text)
@@ -868,6 +868,20 @@ def test_a_long_text_in_a_batch_is_cut_for_the_threads(gpt2_files):
     assert tok.encode_batch([long_text], num_threads=2) == [want[1]]
 
 
+def spy_on_groups(monkeypatch) -> list:
+    """The bytes of each call of the encode kernels made the long way from now on (a group of
+    a batch, its documents in one buffer or each where it lies), appended to the list returned."""
+    calls = []
+    real = encode.DocumentEncoder.encode
+
+    def spied(self, buf, doc_ends, *args, **kwargs):
+        calls.append(int(doc_ends[-1]) if len(doc_ends) else 0)
+        return real(self, buf, doc_ends, *args, **kwargs)
+
+    monkeypatch.setattr(encode.DocumentEncoder, "encode", spied)
+    return calls
+
+
 def test_a_long_text_is_encoded_in_groups(gpt2_files, monkeypatch):
     # encode and encode_to_numpy cut a text longer than `_LONG_TEXT_CHARS` as a batch is cut,
     # never holding all its UTF-8: the ids are those of encoding its UTF-8 in one call.
@@ -883,10 +897,7 @@ def test_a_long_text_is_encoded_in_groups(gpt2_files, monkeypatch):
     want = tok.encode_utf8(_utf8(text))[0].tolist()
     assert len(text) > 8 * 4000 and want == tok.encode_utf8(_utf8(text)[:-len(EOT)])[0].tolist() + [
         tok.encode(EOT)[0]]
-    calls = []
-    real_encode_utf8 = Tokenizer.encode_utf8
-    monkeypatch.setattr(Tokenizer, "encode_utf8", lambda self, data, *a, **k: (
-        calls.append(len(data)), real_encode_utf8(self, data, *a, **k))[1])
+    calls = spy_on_groups(monkeypatch)
     assert tok.encode(text) == want
     assert tok.encode_to_numpy(text).tolist() == want
     assert tok.encode_to_numpy(text, np.int32).dtype == np.int32
@@ -907,10 +918,7 @@ def test_a_large_batch_on_one_thread_is_encoded_in_groups(gpt2_files, monkeypatc
     batch += [d for d in read("web_sample.txt").split(EOT)]
     want = [tok.encode(text) for text in batch]
     assert sum(map(len, batch)) > 10 * 5000 and max(map(len, batch)) > 2 * 5000
-    groups = []
-    real_encode_utf8 = Tokenizer.encode_utf8
-    monkeypatch.setattr(Tokenizer, "encode_utf8", lambda self, data, *a, **k: (
-        groups.append(len(data)), real_encode_utf8(self, data, *a, **k))[1])
+    groups = spy_on_groups(monkeypatch)
     ids, offsets = tok.encode_batch_to_numpy(batch, num_threads=1)
     assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
     assert len(groups) >= 10 and max(groups) < 4 * 5000
@@ -1213,6 +1221,85 @@ def test_str_subclasses_beside_a_long_text_that_is_cut(gpt2_files, monkeypatch, 
     want = [tok.encode(str(text)) for text in batch]
     assert len(batch[1]) > 2 * 3000
     assert tok.encode_batch(batch, num_threads=threads) == want
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_batchs_ascii_texts_are_read_where_they_are(gpt2_files, tiktoken_gpt2, monkeypatch,
+                                                      threads):
+    # The kernel reads a batch's ASCII texts in their str, each document at its own address
+    # (`encode_documents`' doc_addresses), the others transcoded into the thread's buffer; with
+    # every way a call stops and is called again: pre-tokens too long for the pass (at a text's
+    # start, middle and end), a full output buffer, a cache that grows, special tokens.
+    from nbbpe import encode
+
+    monkeypatch.setattr(encode, "_OUT_ITEMS", 700)
+    tok = Tokenizer(*gpt2_files, [EOT], cache_size=256)
+    seen = []
+    real = encode.DocumentEncoder.encode
+
+    def encode_spied(self, buf, doc_ends, separator, state, doc_out_ends, dtype,
+                     doc_addresses=None):
+        if doc_addresses is not None:  # ASCII ones outside the thread's buffer: in their str
+            inside = (doc_addresses >= address(state.utf8)) & (
+                doc_addresses < address(state.utf8) + len(state.utf8))
+            seen.append(int((~inside).sum()))
+        return real(self, buf, doc_ends, separator, state, doc_out_ends, dtype, doc_addresses)
+
+    monkeypatch.setattr(encode.DocumentEncoder, "encode", encode_spied)
+    rng = np.random.default_rng(3)
+    words = read("web_sample.txt").split(" ")[:3000]
+    texts = []
+    for k in range(400):
+        text = " ".join(rng.choice(words, rng.integers(0, 60)))
+        if k % 7 == 0:
+            text = "x" * 300 + text  # a long pre-token first
+        if k % 11 == 0:
+            text += " " + "y" * 400  # ... last
+        if k % 13 == 0:
+            text = text[: len(text) // 2] + " z" + "7" * 500 + " " + text[len(text) // 2 :]
+        if k % 5 == 0:
+            text += EOT
+        if k % 3 == 0:
+            text += " caf\u00e9 \u4e2d\u6587"  # not ASCII: transcoded
+        texts.append(text)
+    want = [tiktoken_gpt2.encode(text, allowed_special="all") for text in texts]
+    assert tok.encode_batch(texts, num_threads=threads) == want
+    assert sum(seen) >= 200  # most texts were read in place
+    assert entries_in(tok._get_engine().cache.table) > 256  # the cache grew
+
+
+def test_a_document_read_in_place_is_not_read_past_its_page(gpt2_files, tiktoken_gpt2):
+    # A document read where it lies may be read up to 64 bytes past its end (its last bytes are
+    # then cut a block at a time), but never past the end of its page of memory: here the next
+    # page cannot be read at all, and documents end at and just before its start.
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    memory = mmap.mmap(-1, 2 * page)
+    first = ctypes.c_char.from_buffer(memory)
+    start = ctypes.addressof(first)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    tok = Tokenizer(*gpt2_files, [EOT])
+    text = (" The quick brown fox jumps over the lazy dog, 1234567 times." * 40).encode()
+    try:
+        for gap in (0, 1, 5, 63, 64, 200):  # bytes between the document's end and the page's
+            for length in (1, 2, 17, 63, 64, 65, 130, 1000):
+                doc = text[-length:]
+                at = page - gap - length
+                memory[at : at + length] = doc
+                assert libc.mprotect(start + page, page, 0) == 0  # PROT_NONE
+                ends = np.array([length], dtype=np.int64)
+                ids, out_ends = tok._encode_located(np.zeros(1, np.uint8), ends,
+                                                    np.array([start + at], np.int64), np.int32)
+                assert libc.mprotect(start + page, page, mmap.PROT_READ | mmap.PROT_WRITE) == 0
+                assert ids.tolist() == tiktoken_gpt2.encode_ordinary(doc.decode())
+                assert out_ends.tolist() == [len(ids)]
+    finally:
+        libc.mprotect(start + page, page, mmap.PROT_READ | mmap.PROT_WRITE)
+        del first  # (the buffer is exported while it lives)
+        memory.close()
 
 
 def test_encode_batch_rejects_a_single_string(gpt2):
