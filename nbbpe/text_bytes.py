@@ -260,11 +260,18 @@ def lengths_of(texts: list) -> tuple[np.ndarray, int] | None:
 def _announce_once(kernel) -> None:
     """Say, before `kernel` (one of this module's) is first compiled (~1 s, on a first run),
     that kernels are being compiled. Each is looked for on its own: a process that never
-    calls one never caches it, and asking for both said so in every process."""
+    calls one never caches it, and asking for both said so in every process. One compiled or
+    loaded in this process already (`encode.load_rare_kernels` loads both) is not looked for in
+    the cache: reading its index took 0.5-2.6 ms of a first batch, before any thread started."""
     if kernel not in _checked:
-        if not cached(kernel):
+        if not _loaded(kernel) and not cached(kernel):
             announce_compiling()
         _checked.add(kernel)
+
+
+def _loaded(kernel) -> bool:
+    """Whether `kernel` is compiled, or loaded from the cache, in this process already."""
+    return bool(kernel.signatures)
 
 
 def gather(texts: list, state, spans: np.ndarray | None = None, *,
