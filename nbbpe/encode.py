@@ -821,13 +821,11 @@ def pack_encode_args(buf, table, doc_ends, doc_out_ends, scratch, out, specials:
     documents are in `buf`; see `encode_documents`). For the short path (`_short_path`),
     `text_buffer` (uint8, `COPY_UP_TO` + `TEXT_PAD` bytes) after them, at `TEXT_BUFFER_AT`,
     then the ints `short_path` (`short_path_values`)."""
-    doc_addresses = _IN_BUF if doc_addresses is None else doc_addresses
+    doc_addresses = _addresses_of(doc_addresses, doc_ends)
     dtypes = (buf.dtype, doc_ends.dtype, doc_out_ends.dtype, scratch.dtype, out.dtype,
               doc_addresses.dtype)
     if dtypes != _ENCODE_ARG_TYPES:
         raise TypeError(f"encode kernel arguments of dtypes {dtypes}, not {_ENCODE_ARG_TYPES}")
-    if len(doc_addresses) not in (0, len(doc_ends)):
-        raise ValueError(f"{len(doc_addresses)} document addresses for {len(doc_ends)} documents")
     items = (buf, table, doc_ends, doc_out_ends, scratch, out, doc_addresses, specials, ranks,
              cache)
     if text_buffer is None:
@@ -843,16 +841,24 @@ _ENCODE_ARG_TYPES = tuple(np.dtype(t) for t in (np.uint8, np.int64, np.int64, np
 _IN_BUF = np.empty(0, dtype=np.int64)  # no document addresses: the documents are in `buf`
 
 
+def _addresses_of(doc_addresses, doc_ends) -> np.ndarray:
+    """`doc_addresses` as packed (None or empty: none, the documents are in `buf`), checked to
+    give one address per document."""
+    if doc_addresses is None:
+        return _IN_BUF
+    if len(doc_addresses) not in (0, len(doc_ends)):
+        raise ValueError(f"{len(doc_addresses)} document addresses for {len(doc_ends)} documents")
+    return doc_addresses
+
+
 def repack_documents(args: PackedArrays, buf, doc_ends, doc_out_ends, doc_addresses=None) -> None:
     """Put other documents in `args` (from `pack_encode_args`), keeping the rest as packed:
     packing all of it takes ~35 µs, held under the GIL, for each call of a batch's groups."""
-    doc_addresses = _IN_BUF if doc_addresses is None else doc_addresses
+    doc_addresses = _addresses_of(doc_addresses, doc_ends)
     dtypes = (buf.dtype, doc_ends.dtype, doc_out_ends.dtype, doc_addresses.dtype)
-    if dtypes != _ENCODE_ARG_TYPES[:3] + _ENCODE_ARG_TYPES[5:]:
-        raise TypeError(f"documents of dtypes {dtypes}, not "
-                        f"{_ENCODE_ARG_TYPES[:3] + _ENCODE_ARG_TYPES[5:]}")
-    if len(doc_addresses) not in (0, len(doc_ends)):
-        raise ValueError(f"{len(doc_addresses)} document addresses for {len(doc_ends)} documents")
+    expected = _ENCODE_ARG_TYPES[:3] + _ENCODE_ARG_TYPES[5:]
+    if dtypes != expected:
+        raise TypeError(f"documents of dtypes {dtypes}, not {expected}")
     args.set_array(TEXT_AT, buf)
     args.set_array(DOC_ENDS_AT, doc_ends)
     args.set_array(DOC_OUT_ENDS_AT, doc_out_ends)

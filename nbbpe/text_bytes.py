@@ -179,7 +179,7 @@ def gather_utf8(texts, n, spans, out, ends, addresses):
         elif state & STR_ASCII_BIT:
             copy_bytes(data_address(out) + w, text + ASCII_DATA_OFFSET + start, end - start)
             w += end - start
-            total = w
+            total += end - start
         else:
             at = w
             kind = (state >> _STR_KIND_SHIFT) & 7

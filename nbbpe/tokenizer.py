@@ -602,10 +602,14 @@ class Tokenizer:
             doc_ends = np.array([len(buf)], dtype=np.int64)
         else:
             doc_ends = np.require(doc_ends, np.int64, "CA")
+        return self._encode_documents(buf, doc_ends, -1 if separator is None else separator, dtype)
+
+    def _encode_documents(self, buf, doc_ends, separator: int, dtype,
+                          doc_addresses=None) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_utf8` of arrays as the kernels take them (`DocumentEncoder.encode`)."""
         doc_out_ends = np.empty(len(doc_ends), dtype=np.int64)
-        ids = self._get_engine().documents.encode(buf, doc_ends,
-                                                  -1 if separator is None else separator,
-                                                  self._thread_state(), doc_out_ends, dtype)
+        ids = self._get_engine().documents.encode(buf, doc_ends, separator, self._thread_state(),
+                                                  doc_out_ends, dtype, doc_addresses)
         return ids, doc_out_ends
 
     def _encode_pieces_on_threads(self, texts: list[str], lengths: np.ndarray, threads: int,
@@ -709,10 +713,7 @@ class Tokenizer:
         `encode_utf8` of `buf`.)"""
         if doc_addresses is None:
             return self.encode_utf8(buf, doc_ends, dtype=dtype)
-        doc_out_ends = np.empty(len(doc_ends), dtype=np.int64)
-        ids = self._get_engine().documents.encode(buf, doc_ends, -1, self._thread_state(),
-                                                  doc_out_ends, dtype, doc_addresses)
-        return ids, doc_out_ends
+        return self._encode_documents(buf, doc_ends, -1, dtype, doc_addresses)
 
     def _encode_group(self, texts: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
         """(ids as `dtype`, where each text's ids end) of `texts`, in this thread."""
