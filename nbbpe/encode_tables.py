@@ -500,10 +500,11 @@ def count_entries(table, n):
 # (`count_entry`): counted one by one, two threads storing at once passed the count's cache line
 # back and forth, an atomic add each time it had moved. A fresh 2-thread batch of web_5M (39k
 # new pre-tokens) took 0.97x the time counted 16 at a time, 0.95-0.96x with no count at all
-# (medians of 21 alternated processes each, twice). The count may then be short of the entries
-# by up to ENTRY_BATCH - 1 a thread: a table stops learning at 3/4 of its slots (`new_table`),
-# so a quarter stays free for the probes.
-ENTRY_BATCH = 16
+# (medians of 21 alternated processes each, twice); 256 at a time against 16, 0.976x and 0.970x
+# (16 and 12 alternated pairs; multi_1M 0.997x). The count may then be short of the entries by
+# up to ENTRY_BATCH - 1 a thread: a table stops learning at 3/4 of its slots (`new_table`, at
+# least `MIN_CACHE_SIZE` entries), so a quarter stays free for the probes, less a few hundred.
+ENTRY_BATCH = 256
 
 
 # Compiled apart, not inlined: an atomic add in the kernel's loop orders the loads and stores
