@@ -964,6 +964,45 @@ def test_groups_ids_are_copied_into_the_result_in_order_as_they_come(gpt2_files,
     assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
 
 
+def _vm_flags(address: int) -> list[str]:
+    """The flags (/proc/self/smaps' VmFlags) of the memory mapping that holds `address`."""
+    holds = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's first line: its range
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                holds = low <= address < high
+            elif holds and fields[0] == "VmFlags:":
+                return fields[1:]
+    raise LookupError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and Path("/proc/self/smaps").exists()),
+                    reason="reads Linux's /proc/self/smaps")
+def test_a_batchs_result_is_on_small_pages(gpt2):
+    # NumPy asks for huge pages for arrays of 4 MB and more, and where free memory is
+    # fragmented the first write into each 2 MB waited for the kernel to compact memory. The
+    # result a batch's groups are copied into asks for small pages (VmFlags "nh"), all of it
+    # but the pages it shares with other memory; a small NumPy array asks for nothing.
+    import mmap
+
+    from nbbpe.tokenizer import _JoinedIds, _small_pages
+
+    if not hasattr(mmap, "MADV_NOHUGEPAGE"):
+        pytest.skip("this Python's mmap has no MADV_NOHUGEPAGE")
+    big = np.empty(8 << 20, dtype=np.uint8)
+    assert "nh" not in _vm_flags(big.ctypes.data + (4 << 20))
+    joined = _JoinedIds(4, 5 << 20, np.uint16)  # 10 MB
+    ids = joined._ids
+    for at in (mmap.PAGESIZE, ids.nbytes // 2, ids.nbytes - 2 * mmap.PAGESIZE):
+        assert "nh" in _vm_flags(ids.ctypes.data + at), at
+    small = np.empty(100, dtype=np.uint8)
+    _small_pages(small)  # less than two pages: nothing whole to advise, and no error
+    ids[:] = 7  # the memory is the array's, as before
+    assert int(ids[-1]) == 7
+
+
 def test_a_batch_asking_for_threads_starts_them_even_if_too_small_to_use_them(gpt2):
     # A first small batch (the warm-up of a program that will send big ones) starts the pool
     # of the threads asked for, so that the first big batch does not wait for them to start.
