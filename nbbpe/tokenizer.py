@@ -1194,6 +1194,9 @@ def _run_groups(threads: int, encode, groups: list, dtype, done=None) -> list:
     return results
 
 
+_PAGE = mmap.PAGESIZE
+
+
 def _small_pages(array: np.ndarray) -> None:
     """Ask the system (Linux) to back `array`'s fresh memory with its small pages, not huge ones.
     NumPy asks for huge pages for arrays of 4 MB and more; where free memory is fragmented (as
@@ -1210,9 +1213,6 @@ def _small_pages(array: np.ndarray) -> None:
     start = -(-array.ctypes.data // _PAGE) * _PAGE  # the whole pages inside the array
     end = (array.ctypes.data + array.nbytes) // _PAGE * _PAGE
     advise(start, end - start, mmap.MADV_NOHUGEPAGE)  # advice only: its result is not needed
-
-
-_PAGE = mmap.PAGESIZE
 
 
 @functools.cache
