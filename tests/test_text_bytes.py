@@ -255,6 +255,8 @@ def test_texts_longer_than_the_short_path_takes_are_read_in_place(gpt2_files, mo
     monkeypatch.setattr(text_bytes, "ascii_bytes",
                         lambda text: read_in_place.append(len(text)) or real_ascii_bytes(text))
     monkeypatch.setattr(text_bytes, "gather", gather)
+    # (else each text would make room for the next: `encode.encode_text_long`)
+    monkeypatch.setattr(nbbpe.encode, "_TEXT_ROOM_GROWS_TO", 0)
     for first in ("a first text", "a second: it readies the short path"):
         tok.encode(first)
     room = tok._thread_state().text_room

@@ -510,7 +510,8 @@ def test_the_short_path_is_packed_again_only_when_its_cache_or_buffer_changed(gp
     real = encode.pack_encode_args
     monkeypatch.setattr(encode, "pack_encode_args",
                         lambda *args, **kwargs: packs.append(len(args)) or real(*args, **kwargs))
-    long_text = read("web_sample.txt") * 3
+    sample = read("web_sample.txt")
+    long_text = sample * (encode._TEXT_ROOM_GROWS_TO // len(sample) + 1)  # (makes no room)
     assert len(long_text) > state.text_room
     expected = tokenizer.encode(long_text)
     for _ in range(3):
@@ -520,6 +521,30 @@ def test_the_short_path_is_packed_again_only_when_its_cache_or_buffer_changed(gp
     assert tokenizer.encode(long_text) == expected and tokenizer.encode("short") == [19509]
     assert packs.count(11) == 1
     assert state.text_args.values[CACHE_AT] == address(state.cache.table.slots)
+
+
+def test_a_text_the_short_path_has_no_room_for_makes_room_for_the_next(gpt2_files,
+                                                                       tiktoken_gpt2):
+    # A text of fewer than `_TEXT_ROOM_GROWS_TO` bytes, too long for the short path, goes the
+    # long way and makes that much room: the next one as long takes the short path (one call,
+    # no long way), with the same ids.
+    tokenizer, state = tokenizer_with_short_path(gpt2_files)
+    size = state.text_room
+    sample = read("web_sample.txt")
+    text = sample * (size // len(sample) + 1)
+    assert size < len(text) < encode._TEXT_ROOM_GROWS_TO
+    long_ways = []
+    documents = tokenizer._get_engine().documents
+    real = documents.encode_text_long
+    documents.encode_text_long = lambda *args: long_ways.append(1) or real(*args)
+    expected = tiktoken_gpt2.encode(text, allowed_special="all")
+    assert tokenizer.encode(text) == expected and long_ways == [1]
+    assert state.text_room >= encode._TEXT_ROOM_GROWS_TO
+    for _ in range(2):
+        assert tokenizer.encode(text) == expected
+        assert tokenizer.encode_to_numpy(text).tolist() == expected
+    assert long_ways == [1]
+    assert tokenizer.encode("Hello again") == tiktoken_gpt2.encode_ordinary("Hello again")
 
 
 def test_calls_of_a_batch_follow_their_cache_and_buffer_and_let_go_of_the_text(gpt2_files):
