@@ -275,3 +275,13 @@ def test_a_builtins_method_def_is_never_freed(monkeypatch):
     gc.collect()
     assert held() is not None and held().ml_name == b"probe"
     assert call.__name__ == "probe"
+
+
+def test_new_scratch_is_zeros_even_in_reused_memory():
+    # Its zeros are written (not left to fresh pages, see `new_scratch`), so they must be
+    # there whatever memory it is given: here that of arrays just filled and let go of.
+    size = new_scratch().size
+    for _ in range(3):
+        dirty = np.full(size, -1, dtype=np.int64)
+        del dirty
+        assert not new_scratch().any()
