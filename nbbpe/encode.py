@@ -1765,9 +1765,11 @@ class DocumentEncoder:
 
     def encode(self, buf, doc_ends, separator: int, state: ThreadState, doc_out_ends,
                dtype, doc_addresses=None) -> np.ndarray:
-        """All ids (as `dtype`) of the documents of `buf` (UTF-8, validated), document d ending
-        at doc_ends[d], each followed by `separator` unless it is negative; `doc_out_ends`
-        receives where each document's ids end. The arrays must be C-contiguous. With
+        """All ids (as `dtype`; None: int32, a view of the thread's output buffer if one kernel
+        call did it all, valid until the thread encodes again) of the documents of `buf`
+        (UTF-8, validated), document d ending at doc_ends[d], each followed by `separator`
+        unless it is negative; `doc_out_ends` receives where each document's ids end. The
+        arrays must be C-contiguous. With
         `doc_addresses` (int64, one per document), each document's bytes are at its address
         instead, not in `buf` (see `encode_documents`; the caller keeps them alive)."""
         return self._run(buf, doc_ends, separator, state, doc_out_ends, dtype,
@@ -1802,9 +1804,9 @@ class DocumentEncoder:
             else:
                 w, doc, i, need = self._entry(args.values, separator, total, doc, i)
             if doc == n_docs and ids is None:  # the common case: one call did it all
-                return out[:w].astype(dtype)
-            if ids is None:
-                ids = np.empty(most, dtype=dtype)  # pages never written are never touched
+                return out[:w] if dtype is None else out[:w].astype(dtype)
+            if ids is None:  # pages never written are never touched
+                ids = np.empty(most, dtype=np.int32 if dtype is None else dtype)
             ids[total : total + w] = out[:w]
             total += w
             if doc == n_docs:

@@ -637,7 +637,9 @@ class Tokenizer:
             parts = _run_groups(threads, encode, groups, dtype)
             ids, piece_offsets = _join_parts(parts, len(pieces))
         else:
-            _run_groups(threads, encode, groups, dtype, joined.add)
+            # dtype None: each group's ids as the thread's output buffer holds them, copied
+            # once, into the result (`_JoinedIds.add`), not first into an array of their own
+            _run_groups(threads, encode, groups, None, joined.add)
             ids, piece_offsets = joined.result(len(pieces))
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
         offsets[1:] = piece_offsets[last_piece + 1]
@@ -645,9 +647,10 @@ class Tokenizer:
 
     def _encode_pieces(self, pieces: list[str], dtype) -> tuple[np.ndarray, np.ndarray]:
         """(ids as `dtype`, where each piece's ids end) of `pieces` (texts, or pieces of texts),
-        in this thread. What holds the GIL here keeps the other threads waiting: a group of
-        ASCII texts becomes bytes in one join and one copy; a group of a few long texts is read
-        in place (`_encode_in_place`)."""
+        in this thread (dtype None: int32, maybe a view of the thread's output buffer, valid
+        until the thread encodes again). What holds the GIL here keeps the other threads
+        waiting: a group of ASCII texts becomes bytes in one join and one copy; a group of a few
+        long texts is read in place (`_encode_in_place`)."""
         encoded = self._encode_in_place(pieces, dtype)
         return encoded if encoded is not None else self._encode_joined(pieces, dtype)
 
@@ -1249,11 +1252,19 @@ class _JoinedIds:
         self._lock = threading.Lock()
 
     def add(self, k: int, part) -> None:
-        """Group k's (ids, ends): placed, with every group after it that is in and waited for
-        it, and copied in (outside the lock: the groups placed are this thread's to copy)."""
-        self._parts[k] = part
-        placed = []
+        """Group k's (ids, ends), the ids possibly a view of this thread's output buffer (int32,
+        see `_encode_pieces`): placed, with every group after it that is in and waited for it,
+        and copied in (outside the lock: the groups placed are this thread's to copy). A group
+        that must wait for an earlier one is kept as a copy of its own, as this thread's next
+        group overwrites its buffer."""
+        ids, ends = part
         with self._lock:
+            waits = self._next != k
+        if waits:  # (if the earlier ones came in meanwhile, the copy was not needed)
+            ids = ids.astype(self._ids.dtype)
+        placed = []
+        with self._lock:  # k is placed now unless it waits: by this thread, which owns its ids
+            self._parts[k] = (ids, ends)
             while self._next < len(self._parts) and self._parts[self._next] is not None:
                 ids, ends = self._parts[self._next]
                 self._parts[self._next] = None

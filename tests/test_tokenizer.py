@@ -989,6 +989,26 @@ def test_groups_ids_are_copied_into_the_result_in_order_as_they_come(gpt2_files,
     assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
 
 
+
+def test_a_group_that_waits_keeps_its_ids_though_its_threads_buffer_is_reused():
+    # On threads, a group's ids come as a view of its thread's output buffer (int32), which
+    # that thread's next group overwrites: a group placed at once is copied before `add`
+    # returns; one that waits for an earlier group must keep a copy of its own.
+    from nbbpe.tokenizer import _JoinedIds
+
+    joined = _JoinedIds(3, 100, np.uint16)
+    buffer = np.array([5, 6, 7, 8], np.int32)  # one thread's buffer, reused for each group
+    joined.add(1, (buffer[:2], np.array([2])))  # waits for group 0
+    buffer[:] = [9, 9, 9, 9]
+    joined.add(0, (buffer[:1], np.array([1])))  # placed at once, with group 1 after it
+    buffer[:] = [3, 4, 0, 0]
+    joined.add(2, (buffer[:2], np.array([1, 2])))
+    buffer[:] = 0
+    ids, offsets = joined.result(4)
+    assert ids.tolist() == [9, 5, 6, 3, 4] and offsets.tolist() == [0, 1, 3, 4, 5]
+    assert ids.dtype == np.uint16
+
+
 def _vm_flags(address: int) -> list[str]:
     """The flags (/proc/self/smaps' VmFlags) of the memory mapping that holds `address`."""
     holds = False
