@@ -1066,6 +1066,25 @@ def test_a_batch_asking_for_threads_starts_them_even_if_too_small_to_use_them(gp
         gpt2.encode_batch(["x"], num_threads=0)
 
 
+
+def test_a_batch_asking_for_threads_has_them_make_the_tokenizers_state(gpt2_files):
+    # ... and each pool thread makes the tokenizer's state (scratch space, buffers) then, in
+    # the background, not in the first batch that uses the thread; once per tokenizer.
+    import nbbpe.tokenizer
+
+    tok = Tokenizer(*gpt2_files, [EOT])
+    pool = nbbpe.tokenizer._thread_pool(1)  # the one other thread of 2-thread batches
+
+    def has_state():
+        return getattr(tok._threads, "state", None) is not None
+
+    assert not pool.submit(has_state).result()
+    assert tok.encode_batch(["tiny"], num_threads=2) == [tok.encode("tiny")]
+    assert pool.submit(has_state).result()  # (the pool's one thread takes tasks in turn)
+    state = pool.submit(tok._thread_state).result()
+    tok.encode_batch(["tiny"], num_threads=2)
+    assert pool.submit(tok._thread_state).result() is state  # made once
+
 # Surrogates a str may hold: a pair (one character in UTF-8) and lone ones (U+FFFD each).
 SURROGATES = ["\ud83d\ude00", "\ud800", "\udfff", "\udc00 ", "a\ud83d"]
 surrogate_texts = st.lists(st.one_of(pieces, st.sampled_from(SURROGATES)), max_size=25).map("".join)
