@@ -1769,9 +1769,9 @@ class DocumentEncoder:
         call did it all, valid until the thread encodes again) of the documents of `buf`
         (UTF-8, validated), document d ending at doc_ends[d], each followed by `separator`
         unless it is negative; `doc_out_ends` receives where each document's ids end. The
-        arrays must be C-contiguous. With
-        `doc_addresses` (int64, one per document), each document's bytes are at its address
-        instead, not in `buf` (see `encode_documents`; the caller keeps them alive)."""
+        arrays must be C-contiguous. With `doc_addresses` (int64, one per document), each
+        document's bytes are at its address instead, not in `buf` (see `encode_documents`; the
+        caller keeps them alive)."""
         return self._run(buf, doc_ends, separator, state, doc_out_ends, dtype,
                          doc_addresses=doc_addresses)
 
