@@ -989,7 +989,6 @@ def test_groups_ids_are_copied_into_the_result_in_order_as_they_come(gpt2_files,
     assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
 
 
-
 def test_a_group_that_waits_keeps_its_ids_though_its_threads_buffer_is_reused():
     # On threads, a group's ids come as a view of its thread's output buffer (int32), which
     # that thread's next group overwrites: a group placed at once is copied before `add`
@@ -1066,7 +1065,6 @@ def test_a_batch_asking_for_threads_starts_them_even_if_too_small_to_use_them(gp
         gpt2.encode_batch(["x"], num_threads=0)
 
 
-
 def test_a_batch_asking_for_threads_has_them_make_the_tokenizers_state(gpt2_files):
     # ... and each pool thread makes the tokenizer's state (scratch space, buffers) then, in
     # the background, not in the first batch that uses the thread; once per tokenizer.
@@ -1084,6 +1082,7 @@ def test_a_batch_asking_for_threads_has_them_make_the_tokenizers_state(gpt2_file
     state = pool.submit(tok._thread_state).result()
     tok.encode_batch(["tiny"], num_threads=2)
     assert pool.submit(tok._thread_state).result() is state  # made once
+
 
 # Surrogates a str may hold: a pair (one character in UTF-8) and lone ones (U+FFFD each).
 SURROGATES = ["\ud83d\ude00", "\ud800", "\udfff", "\udc00 ", "a\ud83d"]
