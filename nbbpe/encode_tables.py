@@ -63,7 +63,7 @@ class Table(NamedTuple):
 
     slots: np.ndarray  # int64, 4 per slot; the number of slots is a power of two
     records: np.ndarray  # int32
-    fill: np.ndarray  # int64[3]: items of `records` used, entries, times emptied
+    fill: np.ndarray  # int64[4]: items of `records` used, entries, times emptied, `STALE`
     shift: int  # 64 - log2(number of slots)
     max_entries: int  # so probes stay short: at most 3/4 of the slots
     max_key_len: int  # longer pre-tokens are never stored
@@ -88,7 +88,7 @@ def new_table(max_entries: int, max_key_len: int, record_items: int) -> Table:
     bits = max(4, int(4 * max_entries // 3).bit_length())
     return Table(_aligned_slots(4 << bits),
                  np.zeros(max(record_items, 4 + 2 * max_key_len), dtype=np.int32),
-                 np.zeros(3, dtype=np.int64), 64 - bits, max_entries, int(max_key_len), False)
+                 np.zeros(4, dtype=np.int64), 64 - bits, max_entries, int(max_key_len), False)
 
 
 _HUGE_PAGE = 2 << 20
@@ -169,10 +169,18 @@ class SharedCache:
     def make_room(self, full: Table) -> None:
         """Called when `full`, the table a kernel had, `is_full`: quadruple its room (each
         growth rehashes it all), up to the limit; then start again. If another thread has
-        already replaced it, there is nothing to do: the caller takes up `table` again."""
-        with self._lock:
+        already replaced it, there is nothing to do: the caller takes up `table` again.
+
+        Meanwhile `table` is `full` read only (`_read_only`), so that the other threads go on
+        encoding, learning nothing, rather than wait on the lock: in 2-thread batches over
+        200 MB of the scale corpus (16 MB each), a growth took 10-20 ms, sometimes up to 95
+        while its new table's memory was slow to come, and the other thread waited it out."""
+        with self._lock:  # (one thread replaces `full`: the others find it replaced)
             if self.table is not full:
                 return
+            self.table = meanwhile = _read_only(full)
+        table = full  # if growing fails: every thread finds it full again, and tries again
+        try:
             learned = int(full.fill[1] - self.vocab.fill[1])
             if learned >= self.limit:
                 times = int(full.fill[2])
@@ -183,7 +191,20 @@ class SharedCache:
                 table = new_table(int(self.vocab.fill[1]) + room, full.max_key_len,
                                   4 * len(full.records))._replace(learns=True)
                 _rehash(full, table)  # read while other threads may still add to it
+        finally:
             self.table = table
+            meanwhile.fill[STALE] = 1  # then the kernels using it stop, and take up `table`
+
+
+# `Table.fill[STALE]` set: the table is a cache's read-only stand-in (`_read_only`) that has
+# been replaced; `is_full` says so, and the kernels using it return to take up the new one.
+STALE = 3
+
+
+def _read_only(table: Table) -> Table:
+    """`table` (slots and records shared) as a table no kernel writes to, with a `fill` of
+    its own, to be made `STALE`."""
+    return table._replace(fill=table.fill.copy(), learns=False)
 
 
 def _copy(table: Table, max_entries: int, record_items: int) -> Table:
@@ -522,9 +543,12 @@ def count_entry(table, pending):
 
 @njit(cache=True, nogil=True, _nrt=False)
 def is_full(table):
-    """Whether a learning cache can take no more (entries, or records for the longest key)."""
-    return table.learns and (table.fill[1] >= table.max_entries
-                             or table.fill[0] + 4 + 2 * table.max_key_len > table.records.shape[0])
+    """Whether a learning cache can take no more (entries, or records for the longest key),
+    or the table is a stand-in that has been replaced (`STALE`, read as another thread sets
+    it): either way, the kernel returns to take up the cache's table."""
+    return load_acquire(table.fill, STALE) != 0 or (
+        table.learns and (table.fill[1] >= table.max_entries
+                          or table.fill[0] + 4 + 2 * table.max_key_len > table.records.shape[0]))
 
 
 @njit(inline="always")

@@ -576,6 +576,61 @@ def test_calls_of_a_batch_follow_their_cache_and_buffer_and_let_go_of_the_text(g
     assert held() is None
 
 
+def test_a_thread_goes_on_while_another_grows_the_cache_then_takes_up_the_new_table(gpt2_files):
+    # While one thread grows the shared cache (or starts it again), the others go on with the
+    # full table, learning nothing, instead of waiting for it; once the new table is in, each
+    # takes it up at its next new pre-token, whichever way it encodes (short path or batch).
+    tokenizer = Tokenizer(*gpt2_files, [EOT], cache_size=40)
+    uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)
+    words = read("multi_sample.txt")[:40000].split()
+    texts = [" ".join(words[k:k + 9]) for k in range(0, len(words), 9)]
+    cache = tokenizer._get_engine().cache
+    growing, went_on, grown = threading.Event(), threading.Event(), threading.Event()
+    fresh = cache._fresh
+
+    def slow_fresh():  # the first growth waits until the other thread is done
+        cache._fresh = fresh
+        growing.set()
+        grown.wait(20)
+        return fresh()
+
+    cache._fresh = slow_fresh
+    grower = threading.Thread(target=lambda: tokenizer.encode(" ".join(texts[:100])))
+    grower.start()
+    assert growing.wait(20)
+    results = {}
+
+    def other_thread():
+        results["during"] = [tokenizer.encode(text) for text in texts[100:200]]
+        results["batch during"] = tokenizer.encode_batch(texts[200:260], num_threads=1)
+        results["learned during"] = cache.table.learns
+        went_on.set()
+        assert grown.wait(20)
+        grower.join(20)
+        starts = int(cache.table.fill[2])
+        results["after"] = [tokenizer.encode(text) for text in texts[260:400]]
+        state = tokenizer._thread_state()
+        results["short path took up"] = (state.text_call is not None and cache.table.learns
+                                         and int(cache.table.fill[2]) > starts
+                                         and state.text_holds[1] is cache.table)
+        results["batch after"] = tokenizer.encode_batch(texts[400:460], num_threads=1)
+        results["batch took up"] = state.run_holds[1] is cache.table and cache.table.learns
+
+    other = threading.Thread(target=other_thread)
+    other.start()
+    assert went_on.wait(10)  # (waiting for the growth, it would not have)
+    grown.set()
+    other.join(20)
+    grower.join(20)
+    assert results["learned during"] is False
+    assert results["during"] == [uncached.encode(text) for text in texts[100:200]]
+    assert results["batch during"] == [uncached.encode(text) for text in texts[200:260]]
+    assert results["after"] == [uncached.encode(text) for text in texts[260:400]]
+    assert results["batch after"] == [uncached.encode(text) for text in texts[400:460]]
+    assert results["short path took up"]  # it filled new tables: it left the read-only one
+    assert results["batch took up"]
+
+
 def test_cached_ids_of_any_count_stay_within_a_small_output_buffer(gpt2_files, tiktoken_gpt2,
                                                                    monkeypatch):
     # The encode loop copies a cached pre-token's ids with three writes whatever their number
