@@ -1550,6 +1550,14 @@ class ThreadState:
             self.out = np.empty(max(items, 2 * len(self.out)), dtype=np.int32)
         return self.out
 
+    def ready_for_groups(self) -> None:
+        """Make the output buffer and the UTF-8 buffer as large as a batch's groups ask for
+        (`GROUP_OUT_ITEMS` ids, `GROUP_UTF8_BYTES`) and write their first pages, as many as a
+        group of 1M characters mostly fills, so that they fault in now: a pool thread does it
+        in the background, before it takes its first group (`Tokenizer._ready_pool_states`)."""
+        self.output(GROUP_OUT_ITEMS)[:GROUP_OUT_WRITTEN] = 0
+        self.utf8_room(GROUP_UTF8_BYTES)[:GROUP_UTF8_WRITTEN] = 0
+
     def utf8_room(self, items: int) -> np.ndarray:
         """A buffer of at least `items` bytes for UTF-8 made from a str (`text_bytes`), kept
         for the thread: pages fault in once, not for every group of a batch."""
@@ -1602,6 +1610,12 @@ class IdViews(dict):
 
 _KEPT_VIEWS = 1 << 10  # views kept per buffer at most (~150 bytes each with its entry)
 _OUT_ITEMS = 1 << 22  # ids per kernel call at most (16 MB)
+# `ThreadState.ready_for_groups`: a group of up to 1M characters asks for an id a byte; its
+# ids fill 70-250K items (web_5M, TinyStories and multi_1M in groups of 130-330K characters)
+GROUP_OUT_ITEMS = 1 << 21
+GROUP_OUT_WRITTEN = 1 << 18  # 1 MB
+GROUP_UTF8_BYTES = 1 << 21
+GROUP_UTF8_WRITTEN = 1 << 19
 _TEXT_ROOM = 1 << 16  # ids the short path's output buffer has room for at least
 # A text of fewer bytes than this that the short path has no room for makes that much room, for
 # the next one as long (`encode_text_long`): each then takes the short path's one call, not the

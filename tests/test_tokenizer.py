@@ -1137,6 +1137,12 @@ def test_a_batch_asking_for_threads_has_them_make_the_tokenizers_state(gpt2_file
     state = pool.submit(tok._thread_state).result()
     tok.encode_batch(["tiny"], num_threads=2)
     assert pool.submit(tok._thread_state).result() is state  # made once
+    # ... with buffers as large as a batch's groups need: a batch that uses the thread keeps them
+    out, utf8 = state.out, state.utf8
+    assert len(out) >= encode.GROUP_OUT_ITEMS and len(utf8) >= encode.GROUP_UTF8_BYTES
+    texts = [read("multi_sample.txt")[:150_000], read("web_sample.txt") * 40]
+    assert tok.encode_batch(texts, num_threads=2) == [tok.encode(text) for text in texts]
+    assert state.out is out and state.utf8 is utf8
 
 
 # Surrogates a str may hold: a pair (one character in UTF-8) and lone ones (U+FFFD each).
