@@ -868,9 +868,9 @@ class Tokenizer:
         instead, it cost that batch's other threads ~0.25 ms each and the faults of their fresh
         memory (2 threads, a fresh process each, after a small batch: TinyStories 0.90-0.91x
         the time, web_5M 0.94-1.00x, multi_1M 0.88x; medians of 10-12 alternated pairs, 240-670
-        fewer page faults). Not waited for (a pool thread busy with another batch would hold this one up),
-        so a thread may take two of the tasks and another none: that one makes its state in
-        its first batch, as before."""
+        fewer page faults). Not waited for (a pool thread busy with another batch would hold
+        this one up), so a thread may take two of the tasks and another none: that one makes
+        its state in its first batch, as before."""
         if self._pool_states >= threads:
             return
         self._pool_states = threads
