@@ -508,9 +508,10 @@ class Tokenizer:
         asked = _threads_asked(num_threads)
         threads = _thread_count(asked, len(texts), total, self._family is not None)
         if threads < asked:  # the pool starts with the first batch that asks for its threads,
-            _thread_pool(asked - 1)  # used or not: starting a thread took 0.4-5 ms here, which
-            # then delays no batch worth the threads (as a pool that starts on first use does)
-            self._ready_pool_states(asked - 1)  # and this tokenizer's state in each
+            # used or not: starting a thread took 0.4-5 ms here, which then delays no batch
+            # worth the threads (as a pool that starts on first use does); and each of its
+            # threads makes this tokenizer's state
+            self._ready_pool_states(asked - 1)
         if self._family is not None and (threads > 1 or total > _GROUP_CHARS):
             return self._encode_pieces_on_threads(texts, lengths, threads, dtype)
         if threads == 1:
@@ -863,18 +864,19 @@ class Tokenizer:
         return engine
 
     def _ready_pool_states(self, threads: int) -> None:
-        """Have the `threads` threads of the pool make this tokenizer's state (`_thread_state`:
-        scratch space, buffers; `_ready_pool_state`), once, in the background: made in a batch
-        instead, it cost that batch's other threads ~0.25 ms each and the faults of their fresh
-        memory (2 threads, a fresh process each, after a small batch: TinyStories 0.90-0.91x
-        the time, web_5M 0.94-1.00x, multi_1M 0.88x; medians of 10-12 alternated pairs, 240-670
-        fewer page faults). Not waited for (a pool thread busy with another batch would hold
+        """Start the pool of `threads` threads (`_thread_pool`) if it is not, and have its
+        threads make this tokenizer's state (`_thread_state`: scratch space, buffers;
+        `_ready_pool_state`), once, in the background: made in a batch instead, it cost that
+        batch's other threads ~0.25 ms each and the faults of their fresh memory (2 threads, a
+        fresh process each, after a small batch: TinyStories 0.90-0.91x the time, web_5M
+        0.94-1.00x, multi_1M 0.88x; medians of 10-12 alternated pairs, 240-670 fewer page
+        faults). Not waited for (a pool thread busy with another batch would hold
         this one up), so a thread may take two of the tasks and another none: that one makes
         its state in its first batch, as before."""
+        pool = _thread_pool(threads)
         if self._pool_states >= threads:
             return
         self._pool_states = threads
-        pool = _thread_pool(threads)
         for _ in range(threads):
             pool.submit(self._ready_pool_state)
 
