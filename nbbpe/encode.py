@@ -57,6 +57,8 @@ from .encode_tables import (
     CACHE_FIRST_ROOM,
     LONG,
     MAX_SHORT,
+    OWN_ITEMS,
+    RECORD_RUN,
     SPARE_IDS,
     SharedCache,
     TABLE_ITEMS,
@@ -656,7 +658,8 @@ _PART_ID_BITS = 20  # a slot holds up to 3 ids below 2**20 (o200k's are below 2*
 _PART_ID_MASK = np.int64((1 << _PART_ID_BITS) - 1)
 _PART_MAX_BYTES = 7  # a part's bytes and its length make one int64 key
 # In a thread's scratch space, after the part cache: the entries it stored in the cache and has
-# not counted yet (`encode_tables.count_entry`, one item of a cache line), then room for a merge.
+# not counted yet and the records it claimed (`encode_tables.OWN_ITEMS`, in a cache line), then
+# room for a merge.
 MERGE_ROOM_AT = PART_CACHE_ITEMS + 8
 
 
@@ -746,8 +749,10 @@ def _encode_new(merge, buf, start, end, k0, k1, tag, h, slot, out, w, ranks, cac
     return the number of ids. `space`: the thread's part cache, then room for the merge."""
     m = merge_in_parts(merge, buf, start, end, out, w, ranks, space[MERGE_ROOM_AT:],
                        space[:PART_CACHE_ITEMS])
-    if cache.learns and store(cache, -1 - slot, k0, k1, tag, buf, start, end - start, out, w, m):
-        count_entry(cache, space[PART_CACHE_ITEMS:MERGE_ROOM_AT])
+    own = space[PART_CACHE_ITEMS:MERGE_ROOM_AT]
+    if cache.learns and store(cache, -1 - slot, k0, k1, tag, buf, start, end - start, out, w, m,
+                              own):
+        count_entry(cache, own)
     return m
 
 
@@ -1330,7 +1335,7 @@ def compile_shared_first(mode: int) -> None:
     merge = _merge_rounds if mode == MERGES else _merge_leftmost
     m = merge(ids, 0, 2, np.zeros(_heap_space.py_func(2), np.int64), ranks)
     # pre-token "ab" stored at slot 0 of the throwaway table, its key unused
-    store(table, 0, 0, 0, 2, buf, 0, 2, ids, 0, m)
+    store(table, 0, 0, 0, 2, buf, 0, 2, ids, 0, m, np.zeros(OWN_ITEMS, np.int64))
     is_full(table)
     copy_ids(table, find(table, 0, 0, 0, 2, buf, 0, 2), ids, 0)
 
@@ -1399,7 +1404,7 @@ PIECE_ENCODERS = (encode_pieces_merges, encode_pieces_ranks)
 
 @njit(cache=True, nogil=True, _nrt=False)
 def _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks, table, scratch,
-                      work):
+                      work, own):
     """Store every single byte (byte_values[b] is b) with its id, then every token of two or
     more bytes with the ids its own bytes encode to: in RANKS order the token itself (tiktoken's
     rule), in MERGES order whatever the merges make of them (nearly always the token too, but a
@@ -1413,7 +1418,7 @@ def _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks,
         work[0] = ranks.byte_ids[b]
         # np.int64: a literal 1 would compile `store` once more
         stored += store(table, -1 - slot, k0, k1, tag, byte_values, b, np.int64(1), work,
-                        np.int64(0), np.int64(1))
+                        np.int64(0), np.int64(1), own)
     for t in range(token_ids.shape[0]):
         start = token_offsets[token_ids[t]]
         end = token_offsets[token_ids[t] + 1]
@@ -1433,7 +1438,7 @@ def _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks,
                 work[i] = ranks.byte_ids[token_bytes[start + i]]
             m = _merge_rounds(work, np.int64(0), length, scratch, ranks)
         stored += store(table, -1 - slot, k0, k1, tag, token_bytes, start, length, work,
-                        np.int64(0), m)
+                        np.int64(0), m, own)
     count_entries(table, stored)
 
 
@@ -1445,7 +1450,7 @@ def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_
     token_ids = np.ascontiguousarray(token_ids, dtype=np.int32)
     lengths = token_offsets[token_ids + 1] - token_offsets[token_ids]
     longest = max(int(lengths.max(initial=2)), _HEAP_ABOVE)
-    records = int(lengths[lengths > MAX_SHORT].sum()) + 4 * len(token_ids) + 64
+    records = int(lengths[lengths > MAX_SHORT].sum()) + 4 * len(token_ids) + 64 + RECORD_RUN
     # Room for a thread cache's first entries too: copying it then makes that cache (`_copy`);
     # spread over more slots, so that fewer lookups go past their home (`VOCAB_SPREAD`).
     table = new_table(VOCAB_SPREAD * (256 + len(token_ids) + CACHE_FIRST_ROOM), longest, records)
@@ -1454,7 +1459,7 @@ def build_vocab_table(token_bytes: np.ndarray, token_offsets: np.ndarray, token_
     byte_values.setflags(write=token_bytes.flags.writeable)  # one type: one compile of `lookup`
     _fill_vocab_table(token_bytes, token_offsets, token_ids, byte_values, ranks, table,
                       np.empty(_heap_space.py_func(_HEAP_ABOVE), np.int64),
-                      np.empty(_HEAP_ABOVE, np.int32))
+                      np.empty(_HEAP_ABOVE, np.int32), np.zeros(OWN_ITEMS, np.int64))
     return table
 
 

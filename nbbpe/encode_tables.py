@@ -35,6 +35,7 @@ else. `meta` is 0 for an empty slot, `BUSY` for one being written.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import NamedTuple
 
@@ -64,7 +65,8 @@ class Table(NamedTuple):
 
     slots: np.ndarray  # int64, 4 per slot; the number of slots is a power of two
     records: np.ndarray  # int32
-    fill: np.ndarray  # int64[4]: items of `records` used, entries, times emptied, `STALE`
+    fill: np.ndarray  # int64[8]: items of `records` used, entries, times emptied, `STALE`,
+    # `SERIAL`, 0, 0, 0 (a cache line)
     shift: int  # 64 - log2(number of slots)
     max_entries: int  # so probes stay short: at most 3/4 of the slots
     max_key_len: int  # longer pre-tokens are never stored
@@ -89,7 +91,20 @@ def new_table(max_entries: int, max_key_len: int, record_items: int) -> Table:
     bits = max(4, int(4 * max_entries // 3).bit_length())
     return Table(_aligned_slots(4 << bits),
                  np.zeros(max(record_items, 4 + 2 * max_key_len), dtype=np.int32),
-                 np.zeros(4, dtype=np.int64), 64 - bits, max_entries, int(max_key_len), False)
+                 _new_fill(), 64 - bits, max_entries, int(max_key_len), False)
+
+
+# `Table.fill[SERIAL]`: a number no other table of this process has had (`_new_fill`), so that
+# a thread's run of records is known to be of the table it has (`_claim_records`).
+SERIAL = 4
+_serials = itertools.count(1)
+
+
+def _new_fill(old: np.ndarray | None = None) -> np.ndarray:
+    """A table's `fill`: zeros, or `old`'s values; with a serial of its own."""
+    fill = np.zeros(8, dtype=np.int64) if old is None else old.copy()
+    fill[SERIAL] = next(_serials)
+    return fill
 
 
 _HUGE_PAGE = 2 << 20
@@ -219,7 +234,7 @@ def _copy(table: Table, max_entries: int, record_items: int) -> Table:
         records[:used] = table.records[:used]
         slots = _aligned_slots(len(table.slots), zeroed=False)
         slots[:] = table.slots
-        return table._replace(slots=slots, records=records, fill=table.fill.copy(),
+        return table._replace(slots=slots, records=records, fill=_new_fill(table.fill),
                               max_entries=max_entries, learns=True)
     bigger = new_table(max_entries, table.max_key_len, record_items)._replace(learns=True)
     _rehash(table, bigger)
@@ -468,18 +483,49 @@ def copy_ids(table, s, out, w):
     return count
 
 
+# A thread's own items (`store`'s `own`, in its scratch space): the entries it stored and has
+# not counted (`count_entry`), and the run of records it claimed last: where the next one goes,
+# where the run ends, and the `SERIAL` of the table it is in.
+OWN_PENDING, OWN_NEXT, OWN_END, OWN_TABLE = 0, 1, 2, 3
+OWN_ITEMS = 4
+
+# Records are claimed this many items at a time: claimed one entry at a time, two threads
+# storing at once passed `fill`'s cache line back and forth, an atomic add each time (multi_1M
+# has 21k new pre-tokens, 14k of them with a record).
+RECORD_RUN = 1024
+
+
+@njit(inline="always")
+def _claim_records(table, need, own):
+    """Where `need` items of `table.records` are this thread's to write, or -1 if the table has
+    no more room: taken from the run of records the thread claimed last (`own`), else from a
+    new run of `RECORD_RUN` items (or `need`, if more) claimed with one atomic add."""
+    serial = table.fill[SERIAL]
+    at = own[OWN_NEXT]
+    if own[OWN_TABLE] != serial or at + need > own[OWN_END]:
+        run = max(RECORD_RUN, need)
+        at = fetch_add(table.fill, 0, run)
+        if at + run > table.records.shape[0]:
+            own[OWN_TABLE] = 0  # (another thread may have taken the room meanwhile)
+            return np.int64(-1)
+        own[OWN_TABLE] = serial
+        own[OWN_END] = at + run
+    own[OWN_NEXT] = at + need
+    return at
+
+
 @njit(cache=True, nogil=True, _nrt=False)
-def store(table, s, k0, k1, tag, buf, start, length, ids, w, m):
+def store(table, s, k0, k1, tag, buf, start, length, ids, w, m, own):
     """Store pre-token buf[start:start + length] -> ids[w:w + m], at slot s (where `find` said
     it would go) or, if another thread has taken it since, the next empty slot, if the table
     has room; return whether it had. Other threads may look up and store at the same time.
-    The caller counts the entry (`count_entries`, `count_entry`)."""
+    `own`: the calling thread's own items (`OWN_ITEMS`, see `_claim_records`). The caller
+    counts the entry (`count_entries`, `count_entry`)."""
     slots = table.slots
     records = table.records
     fill = table.fill
     inline = tag != LONG and m <= 3
-    need = 0 if inline else 1 + m + (1 + _key_items(length) if tag == LONG else 0)
-    if fill[1] >= table.max_entries or fill[0] + need > records.shape[0]:
+    if fill[1] >= table.max_entries:
         return False
     ext = np.int64(0)
     meta = tag
@@ -490,9 +536,10 @@ def store(table, s, k0, k1, tag, buf, start, length, ids, w, m):
             if m > 2:
                 ext |= np.int64(ids[w + 2]) << 32
     else:
-        ext = fetch_add(fill, 0, need)  # this thread's own records
-        if ext + need > records.shape[0]:
-            return False  # another thread took the room meanwhile (the cache is then full)
+        ext = _claim_records(table, 1 + m + (1 + _key_items(length) if tag == LONG else 0),
+                             own)
+        if ext < 0:
+            return False
         records[ext] = m
         for i in range(m):
             records[ext + 1 + i] = ids[w + i]
@@ -532,14 +579,14 @@ ENTRY_BATCH = 256
 # Compiled apart, not inlined: an atomic add in the kernel's loop orders the loads and stores
 # around it, and the batch above was then no faster than before (1.00x).
 @njit(cache=True, nogil=True, _nrt=False)
-def count_entry(table, pending):
+def count_entry(table, own):
     """One more entry stored in `table` by this thread, whose entries not yet counted are
-    pending[0] (its own memory)."""
-    n = pending[0] + 1
+    own[OWN_PENDING] (its own memory)."""
+    n = own[OWN_PENDING] + 1
     if n >= ENTRY_BATCH:
         count_entries(table, n)
         n = 0
-    pending[0] = n
+    own[OWN_PENDING] = n
 
 
 @njit(cache=True, nogil=True, _nrt=False)

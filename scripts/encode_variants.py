@@ -117,7 +117,7 @@ VARIANTS = {
     },
     "no_entry_count": {
         "about": "no count of the cache's entries (each thread adds its own ENTRY_BATCH at a time)",
-        "replace": {"_encode_new": [("        count_entry(cache, space[PART_CACHE_ITEMS:MERGE_ROOM_AT])\n",
+        "replace": {"_encode_new": [("        count_entry(cache, own)\n",
                                      "        pass  # not counted\n")]},
     },
 }

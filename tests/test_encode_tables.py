@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from numba import njit
 
-from nbbpe.encode_tables import (BUSY, ENTRY_BATCH, MAX_SHORT, SPARE_IDS, _rehash, _same_bytes,
-                                  copy_ids, copy_short_ids, count_entries, count_entry, lookup,
-                                  new_table, store)
+from nbbpe.encode_tables import (BUSY, ENTRY_BATCH, MAX_SHORT, OWN_ITEMS, OWN_PENDING,
+                                  RECORD_RUN, SPARE_IDS, _rehash, _same_bytes, copy_ids,
+                                  copy_short_ids, count_entries, count_entry, lookup, new_table,
+                                  store)
 
 THREADS = 4
 
@@ -42,17 +43,17 @@ def store_all(table, buf, offsets, order, out):
     they count them, then the rest counted); return how many stores were refused for lack of
     room."""
     refused = 0
-    pending = np.zeros(1, np.int64)
+    own = np.zeros(OWN_ITEMS, np.int64)
     for k in order:
         start, end = offsets[k], offsets[k + 1]
         s, k0, k1, tag, _ = lookup(table, buf, start, end)
         if s < 0:
             m = ids_of(buf, start, end, out)
-            if store(table, -1 - s, k0, k1, tag, buf, start, end - start, out, 0, m):
-                count_entry(table, pending)
+            if store(table, -1 - s, k0, k1, tag, buf, start, end - start, out, 0, m, own):
+                count_entry(table, own)
             else:
                 refused += 1
-    count_entries(table, pending[0])
+    count_entries(table, own[OWN_PENDING])
     return refused
 
 
@@ -201,6 +202,23 @@ def _differing_key_found(table, record, buf, length, other):
     return False
 
 
+def test_a_threads_run_of_records_is_used_in_its_own_table_only():
+    # A thread claims records a run at a time and keeps what is left of the run for its next
+    # entries (`_claim_records`): in another table that part of its records is not its own.
+    buf = np.frombuffer(b"abcdefgh", dtype=np.uint8)
+    ids = np.arange(6, dtype=np.int32)
+    own = np.zeros(OWN_ITEMS, np.int64)
+    first, second = (new_table(64, 64, 4 * RECORD_RUN)._replace(learns=True) for _ in range(2))
+    for table, end in ((first, 2), (first, 3), (second, 4)):
+        s, k0, k1, tag, _ = lookup(table, buf, 0, end)
+        assert store(table, -1 - s, k0, k1, tag, buf, 0, end, ids, 0, 6, own)
+    records_of = lambda table, end: table.slots[4 * lookup(table, buf, 0, end)[0] + 3]
+    assert (records_of(first, 2), records_of(first, 3)) == (0, 7)  # [6, ids...] each, one run
+    assert first.fill[0] == second.fill[0] == RECORD_RUN
+    assert records_of(second, 4) == 0  # not 14, where the run of `first` went on
+    assert list(second.records[:7]) == [6, *ids]
+
+
 @pytest.mark.parametrize("length", [17, 23, 24, 25, 40, 63, 64, 65, 256])
 def test_a_long_key_matches_its_own_bytes_only(length):
     # Long keys are found by two 64-bit hashes, then their bytes compared, 8 at a time: the
@@ -210,7 +228,7 @@ def test_a_long_key_matches_its_own_bytes_only(length):
     table = new_table(8, 256, 1 << 12)._replace(learns=True)
     s, k0, k1, tag, _ = lookup(table, buf, 0, length)
     assert s < 0 and store(table, -1 - s, k0, k1, tag, buf, 0, length, np.arange(5, dtype=np.int32),
-                           0, 5)
+                           0, 5, np.zeros(OWN_ITEMS, np.int64))
     found, *_ = lookup(table, buf, 0, length)
     record = table.slots[4 * found + 3]
     assert not _differing_key_found(table, record, buf, length, np.zeros(length + 16, np.uint8))

@@ -75,7 +75,7 @@ def test_every_array_and_int_of_the_encode_kernels_arrives_whole():
     ranks = ranks._replace(slots=rng.integers(-9, 9, size=len(ranks.slots)), shift=51,
                            id_bits=17, rank_bits=19, dense_bits=3, merged_offset=-1)
     cache = SharedCache(new_table(40, 256, 64), 100).table
-    cache.fill[:] = (3, 4, 5, 6)
+    cache.fill[:] = (3, 4, 5, 6, 7, 8, 9, 10)
     doc_addresses = np.array([1 << 40, 3], dtype=np.int64)
     packed = pack_encode_args(buf, table, doc_ends, doc_out_ends, scratch, out, specials, ranks,
                               cache, doc_addresses=doc_addresses)

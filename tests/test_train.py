@@ -390,7 +390,7 @@ def test_first_run_precompiles_the_signatures_the_other_process_uses():
         ranks = typeof(encode._no_merges(np.arange(256, dtype=np.int32), mode))
         assert (int32s, types.int64, types.int64, int64s, ranks) in merge_loop.signatures
     assert ((cache,) + (types.int64,) * 4 + (text, types.int64, types.int64, int32s, types.int64,
-                                             types.int64)) in store.signatures
+                                             types.int64, int64s)) in store.signatures
     assert (cache, types.int64, types.int64, types.int64, types.int64, text, types.int64,
             types.int64) in find.signatures
     assert (cache,) in is_full.signatures
