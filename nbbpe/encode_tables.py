@@ -12,9 +12,10 @@ Threads read and add entries at the same time, without a lock (see `store`): a w
 empty slot by compare-and-swap, writes the key and ids, and publishes the slot by writing `meta`
 last (a release store); a reader loads `meta` first (an acquire load, or in the encode loop a
 load of the key whose address depends on `meta`: `load_after`), so it sees a slot either empty,
-being written (`BUSY`: no key matches it), or whole. Slots are never changed once
-published. Growing copies the published slots into a new table, which the threads take up on
-their next call; what they add to the old one meanwhile is forgotten, and merged again if met.
+being written (`BUSY`: no key matches it), or whole. Slots are never changed once published. A
+writer's records go in a run of them it claimed for itself (`_claim_records`). Growing copies the
+published slots into a new table, which the threads take up on their next call; what they add
+to the old one meanwhile is forgotten, and merged again if met.
 While one thread grows it, the others read the old table and add nothing (`SharedCache.make_room`).
 
 A slot is four int64, `[k0, k1, meta, ext]`, so two share a 64-byte cache line:
