@@ -494,7 +494,7 @@ OWN_ITEMS = 4
 # storing at once passed `fill`'s cache line back and forth, an atomic add each time, and each
 # new pre-token's `is_full` then read it from the other CPU (multi_1M has 21k new pre-tokens,
 # 14k of them with a record). A fresh 2-thread batch of multi_1M took 0.95x and 0.93x the time
-# (medians of 15 and 20 alternated processes, 12 and 17 faster), web_5M 0.98x (15); 200 MB of
+# (medians of 15 and 20 alternated processes, 12 and 17 faster), web_5M 0.98x (14); 200 MB of
 # the scale corpus ran at 325 against 301 MB/s (12 alternated pairs, 9 faster).
 RECORD_RUN = 1024
 
