@@ -15,8 +15,8 @@ load of the key whose address depends on `meta`: `load_after`), so it sees a slo
 being written (`BUSY`: no key matches it), or whole. Slots are never changed once published. A
 writer's records go in a run of them it claimed for itself (`_claim_records`). Growing copies the
 published slots into a new table, which the threads take up on their next call; what they add
-to the old one meanwhile is forgotten, and merged again if met.
-While one thread grows it, the others read the old table and add nothing (`SharedCache.make_room`).
+to the old one meanwhile is forgotten, and merged again if met. While one thread grows it, the
+others read the old table and add nothing (`SharedCache.make_room`).
 
 A slot is four int64, `[k0, k1, meta, ext]`, so two share a 64-byte cache line:
 
