@@ -293,6 +293,53 @@ def test_encode_breakdown_splits_a_cold_pass(tmp_path, capsys):
             assert min(r["cpu_alone_s"], r["cpu_two_at_once_s"]) > 0
 
 
+def test_batch_threads_times_a_batch_per_thread_its_halves_bound_and_idle_memory(capsys):
+    # The shipped 1 MB sample: enough text for a batch to use both threads. One fresh process
+    # per measurement; the bound's child checks that its halves' ids, joined, are one call per
+    # document's (it fails otherwise, which `spawn` raises).
+    script = load_script("batch_threads")
+    corpus = str(sample_corpus_path())
+    results = script.measure([corpus], ["timeline", "bound", "idle"], runs=1, sleep=0.01,
+                             log=lambda line: None)
+    timeline = [r for r in results if r["what"] == "timeline"]
+    assert len(timeline) == 1
+    threads = timeline[0]["threads"]
+    assert set(threads) == {"calling", "pool"}  # both threads took groups
+    assert sum(t["groups"] for t in threads.values()) >= 2
+    for t in threads.values():
+        assert 0 < t["first_ms"] < t["done_ms"] <= timeline[0]["ms"]
+        assert t["in_groups_ms"] > 0 and t["outside_groups_ms"] >= 0
+    assert set(timeline[0]["vmstat"]) == {"thp_fault_alloc", "compact_stall"}
+    bound = [r for r in results if r["what"] == "bound"]
+    assert len(bound) == 1 and len(bound[0]["halves_ms"]) == 2
+    size = sum(len(d) for d in script.documents(corpus))
+    assert sum(bound[0]["halves_bytes"]) == size
+    assert abs(bound[0]["halves_bytes"][0] - bound[0]["halves_bytes"][1]) < size // 10
+    assert bound[0]["ms"] >= max(bound[0]["halves_ms"])
+    by_sleep = {r["sleep"]: r["ms"] for r in results if r["what"] == "doc" and r["tool"] == "nbbpe"
+                and "sleep" in r}
+    assert set(by_sleep) == {0.0, 0.01} and min(by_sleep.values()) > 0
+
+
+def test_batch_threads_bound_fails_on_halves_cut_where_the_ids_change(monkeypatch):
+    # The bound's own check: halves cut inside a word give other ids than one call per document.
+    script = load_script("batch_threads")
+    import nbbpe.corpus
+
+    def inside_a_word(text, at, *args, **kwargs):
+        while not (text[at - 1].isalpha() and text[at].isalpha()):
+            at += 1
+        return at
+
+    monkeypatch.setattr(nbbpe.corpus, "safe_text_cut", inside_a_word)
+    cpus = os.sched_getaffinity(0)
+    try:
+        with pytest.raises(AssertionError, match="differ"):
+            script.bound(str(sample_corpus_path()))
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
 def in_process_corpus(tmp_path):
     """A small corpus of web text and multilingual text, for bench_in_process.py."""
     corpus = tmp_path / "small.txt"

@@ -1,0 +1,272 @@
+"""Where a 2-thread batch's time goes, and what bounds it: diagnostics for `encode_batch`.
+
+    python scripts/batch_threads.py [CORPUS ...] [--what timeline,bound,idle] [--runs 8]
+        [--sleep 2] [--json out.json]
+
+Every run is a fresh process, as in bench_encode.py: GPT-2's files, the tool built and warmed up
+(a small batch, or one call per warm-up text), the corpus's documents read (its `<|endoftext|>`
+lines cut it), then timed at once. Default corpora: the shared web_5M, multi_1M, TinyStories.
+
+- timeline: one `encode_batch_to_numpy(docs, num_threads=2)`, each thread's groups timed (the
+  tokenizer's `_encode_pieces` and `_encode_cut_pieces` wrapped): when the first group started,
+  each thread's time in its groups (wall and thread CPU), its time between and after them (handing
+  ids over, waiting for the GIL, not scheduled), and how many 2 MB page faults and compaction
+  stalls `/proc/vmstat` counted meanwhile (the whole system's). Per run, then medians.
+- bound: an upper bound for a batch with no Python between its groups. The documents' UTF-8 is
+  made beforehand and cut, at a place where a cut cannot change the ids, into two halves of about
+  equal bytes; each half is one `encode_utf8` call on a thread of its own (the threads' states
+  made and buffers written beforehand), both released together: the wall time from the first
+  start to the last end, and each half's. Against one call per document on one thread, pinned,
+  in the same number of fresh processes, alternated. The halves' ids, joined, must equal one
+  call per document's (the run fails otherwise).
+- idle: one call per document on one thread, pinned, right after reading the documents and after
+  `--sleep` seconds of sleep, for nbbpe and gigatoken (if installed), alternated: on this
+  project's VM, memory not touched for a while is slower to touch again, for every tool.
+
+Linux only (CPU pinning, /proc/vmstat). The README quotes these figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_peers  # noqa: E402
+from bench_encode import default_corpora, documents  # noqa: E402
+
+WHATS = ("timeline", "bound", "idle")
+_VMSTAT = ("thp_fault_alloc", "compact_stall")
+
+
+def vmstat() -> dict:
+    counts = {}
+    with open("/proc/vmstat") as f:
+        for line in f:
+            name, value = line.split()
+            if name in _VMSTAT:
+                counts[name] = int(value)
+    return counts
+
+
+def build(tool: str, threads: int):
+    """A fresh tool, warmed up as bench_encode.py warms it for `threads`; for nbbpe also the
+    `Tokenizer`."""
+    encoder = bench_peers.build(tool, "gpt2", threads)
+    if threads == 1:
+        for text in bench_peers.WARM_UP:
+            encoder.one(text)
+    else:
+        encoder.batch(bench_peers.WARM_UP)
+    encoder.warmed_up()
+    tokenizer = encoder.batch.__closure__[0].cell_contents.__self__ if tool == "nbbpe" else None
+    return encoder, tokenizer
+
+
+def per_document(tool: str, corpus: str, sleep: float = 0.0) -> dict:
+    os.sched_setaffinity(0, {0})
+    encoder, _ = build(tool, 1)
+    docs = [d.decode() for d in documents(corpus)]
+    if sleep:
+        time.sleep(sleep)
+    t0 = time.perf_counter()
+    for doc in docs:
+        encoder.one(doc)
+    return {"ms": (time.perf_counter() - t0) * 1e3}
+
+
+def timeline(corpus: str) -> dict:
+    """One 2-thread batch with each thread's groups timed."""
+    from nbbpe import tokenizer as tokenizer_module
+
+    os.sched_setaffinity(0, {0, 1})
+    encoder, tok = build("nbbpe", 2)
+    docs = [d.decode() for d in documents(corpus)]
+    groups: dict[int, list] = {}
+
+    def timed(method):
+        def call(self, pieces, dtype):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            result = method(self, pieces, dtype)
+            groups.setdefault(threading.get_ident(), []).append(
+                (t0, time.perf_counter(), time.thread_time() - c0))
+            return result
+        return call
+
+    cls = tokenizer_module.Tokenizer
+    for name in ("_encode_pieces", "_encode_cut_pieces"):
+        setattr(tok, name, timed(getattr(cls, name)).__get__(tok))
+    main = threading.get_ident()
+    before = vmstat()
+    t0 = time.perf_counter()
+    tok.encode_batch_to_numpy(docs, num_threads=2)
+    t1 = time.perf_counter()
+    after = vmstat()
+    threads = {}
+    for ident, spans in groups.items():
+        inside = sum(end - start for start, end, _ in spans)
+        threads["calling" if ident == main else "pool"] = {
+            "groups": len(spans),
+            "first_ms": (spans[0][0] - t0) * 1e3,
+            "in_groups_ms": inside * 1e3,
+            "cpu_in_groups_ms": sum(cpu for _, _, cpu in spans) * 1e3,
+            "outside_groups_ms": ((t1 - spans[0][0]) - inside) * 1e3,
+            "done_ms": (spans[-1][1] - t0) * 1e3}
+    return {"ms": (t1 - t0) * 1e3, "threads": threads,
+            "vmstat": {k: after[k] - before[k] for k in before}}
+
+
+def bound(corpus: str) -> dict:
+    """Two halves of the corpus's UTF-8, one `encode_utf8` call each, on two threads at once."""
+    import numpy as np
+
+    os.sched_setaffinity(0, {0, 1})
+    _, tok = build("nbbpe", 2)
+    docs = [d.decode() for d in documents(corpus)]
+    from nbbpe.corpus import safe_text_cut
+
+    total = sum(map(len, docs))
+    halves: list[list[str]] = [[], []]
+    seen = 0
+    for doc in docs:  # the document that holds the middle is cut where its ids cannot change
+        if not halves[1] and seen + len(doc) > total // 2:
+            at = safe_text_cut(doc, total // 2 - seen, tok.special_tokens, pattern=tok.pattern)
+            at = len(doc) if at is None else at
+            halves[0].append(doc[:at])
+            halves[1].append(doc[at:])
+        else:
+            halves[1 if halves[1] else 0].append(doc)
+        seen += len(doc)
+    made = []
+    for half in halves:
+        data = [text.encode() for text in half]
+        made.append((b"".join(data), np.cumsum([len(d) for d in data], dtype=np.int64)))
+    spans: dict[int, tuple] = {}
+    ids: dict[int, np.ndarray] = {}
+    start = threading.Barrier(2)
+
+    def half(k):
+        os.sched_setaffinity(0, {k})
+        tok.encode_utf8(b"warm", None)  # this thread's state, then its group buffers written
+        tok._thread_state().ready_for_groups()
+        start.wait()
+        t0 = time.perf_counter()
+        ids[k] = tok.encode_utf8(*made[k])[0]
+        spans[k] = (t0, time.perf_counter())
+
+    workers = [threading.Thread(target=half, args=(k,)) for k in (0, 1)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    joined = np.concatenate([ids[0], ids[1]])
+    whole = np.concatenate([tok.encode_to_numpy(doc, np.int32) for doc in docs])
+    if not np.array_equal(joined, whole):
+        raise AssertionError("the halves' ids differ from one call per document's")
+    first = min(s for s, _ in spans.values())
+    last = max(e for _, e in spans.values())
+    return {"ms": (last - first) * 1e3, "halves_ms": [(spans[k][1] - spans[k][0]) * 1e3 for k in (0, 1)],
+            "halves_bytes": [len(made[k][0]) for k in (0, 1)]}
+
+
+def run_child(spec: dict) -> dict:
+    what = spec["what"]
+    if what == "timeline":
+        return timeline(spec["corpus"])
+    if what == "bound":
+        return bound(spec["corpus"])
+    return per_document(spec["tool"], spec["corpus"], spec.get("sleep", 0.0))
+
+
+def spawn(spec: dict) -> dict:
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+                          capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"run {spec} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(lines[-1])
+
+
+def _range(values) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def measure(corpora, whats, runs: int, sleep: float, log=print) -> list[dict]:
+    results = []
+    have_gigatoken = bench_peers.supports("gigatoken", "gpt2") and _importable("gigatoken")
+    for corpus in corpora:
+        name = os.path.basename(corpus)
+        for what in whats:
+            if what == "timeline":
+                specs = [[dict(what="timeline", corpus=corpus)]] * runs
+            elif what == "bound":
+                specs = [[dict(what="bound", corpus=corpus), dict(what="doc", tool="nbbpe", corpus=corpus)]] * runs
+            else:
+                tools = ["nbbpe"] + (["gigatoken"] if have_gigatoken else [])
+                specs = [[dict(what="doc", tool=t, corpus=corpus, sleep=s) for t in tools for s in (0.0, sleep)]] * runs
+            done: dict[tuple, list] = {}
+            for round_, specs_of_round in enumerate(specs):
+                order = specs_of_round if round_ % 2 == 0 else specs_of_round[::-1]
+                for spec in order:
+                    result = spawn(spec)
+                    results.append(dict(spec, round=round_, **result))
+                    key = (spec["what"], spec.get("tool", "nbbpe"), spec.get("sleep", 0.0))
+                    done.setdefault(key, []).append(result)
+            log(f"{name} {what} ({runs} fresh processes each):")
+            for (kind, tool, slept), got in done.items():
+                label = {"timeline": "2-thread batch", "bound": "two halves at once"}.get(
+                    kind, f"{tool}, one call per document" + (f", after {slept:g} s of sleep" if slept else ""))
+                log(f"  {label}: {_range([g['ms'] for g in got])} ms")
+                if kind == "timeline":
+                    for role in ("calling", "pool"):
+                        rows = [g["threads"][role] for g in got if role in g["threads"]]
+                        if rows:
+                            log(f"    {role} thread: first group at {_range([r['first_ms'] for r in rows])} ms, "
+                                f"in groups {_range([r['in_groups_ms'] for r in rows])} "
+                                f"(CPU {_range([r['cpu_in_groups_ms'] for r in rows])}), "
+                                f"outside them {_range([r['outside_groups_ms'] for r in rows])}")
+                    stalls = sum(g["vmstat"].get("compact_stall", 0) for g in got)
+                    huge = sum(g["vmstat"].get("thp_fault_alloc", 0) for g in got)
+                    log(f"    during the batches: {stalls} compaction stalls, {huge} 2 MB page faults (system-wide)")
+                if kind == "bound":
+                    log("    halves: " + ", ".join(f"{a:.2f} and {b:.2f}" for a, b in (g["halves_ms"] for g in got)) + " ms")
+    return results
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("corpora", nargs="*")
+    parser.add_argument("--what", default=",".join(WHATS), help=f"comma-separated, of {','.join(WHATS)}")
+    parser.add_argument("--runs", type=int, default=8, help="fresh processes per measurement")
+    parser.add_argument("--sleep", type=float, default=2.0, help="idle: seconds of sleep before timing")
+    parser.add_argument("--json")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(run_child(json.loads(args.child))))
+        return 0
+    whats = [w.strip() for w in args.what.split(",") if w.strip()]
+    unknown = [w for w in whats if w not in WHATS]
+    if unknown:
+        parser.error(f"unknown --what {unknown}; known: {', '.join(WHATS)}")
+    results = measure(args.corpora or default_corpora(), whats, args.runs, args.sleep)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
