@@ -59,13 +59,14 @@ def build(tool: str, threads: int):
     """A fresh tool, warmed up as bench_encode.py warms it for `threads`; for nbbpe also the
     `Tokenizer`."""
     encoder = bench_peers.build(tool, "gpt2", threads)
+    # nbbpe's one-text call is the Tokenizer's bound method until the warm-up replaces it
+    tokenizer = encoder.one.__self__ if tool == "nbbpe" else None
     if threads == 1:
         for text in bench_peers.WARM_UP:
             encoder.one(text)
     else:
         encoder.batch(bench_peers.WARM_UP)
     encoder.warmed_up()
-    tokenizer = encoder.batch.__closure__[0].cell_contents.__self__ if tool == "nbbpe" else None
     return encoder, tokenizer
 
 
@@ -199,7 +200,7 @@ def _range(values) -> str:
 
 def measure(corpora, whats, runs: int, sleep: float, log=print) -> list[dict]:
     results = []
-    have_gigatoken = bench_peers.supports("gigatoken", "gpt2") and _importable("gigatoken")
+    have_gigatoken = bench_peers.tool_available("gigatoken")
     for corpus in corpora:
         name = os.path.basename(corpus)
         for what in whats:
@@ -237,12 +238,6 @@ def measure(corpora, whats, runs: int, sleep: float, log=print) -> list[dict]:
                 if kind == "bound":
                     log("    halves: " + ", ".join(f"{a:.2f} and {b:.2f}" for a, b in (g["halves_ms"] for g in got)) + " ms")
     return results
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
 
 
 def main(argv=None) -> int:
