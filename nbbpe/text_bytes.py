@@ -204,19 +204,27 @@ def gather_utf8(texts, n, spans, out, ends, addresses):
 @njit(cache=True, nogil=True, _nrt=False)
 def str_lengths(texts, n, str_type, lengths):
     """The length in characters of each of the first n items of the list at address `texts`
-    into lengths[k], and their sum; or -1 at the first item that is not a `str` (its type at
-    address `str_type`; a subclass's is not). Its loads are independent, so the CPU waits for
-    many items' headers at once: `len` of each in Python waited for one at a time."""
+    into lengths[k]; return (their sum, the most UTF-8 bytes they can take), or (-1, -1) at
+    the first item that is not a `str` (its type at address `str_type`; a subclass's is not).
+    The most bytes a character takes, from how CPython holds the str: 1 if it is ASCII, else
+    2, 3 or 4 for 1, 2 or 4 bytes a character (a lone surrogate, 2 or 4, becomes U+FFFD: 3).
+    Its loads are independent, so the CPU waits for many items' headers at once: `len` of
+    each in Python waited for one at a time."""
     items = load_word(texts + LIST_ITEMS_OFFSET)
     total = np.int64(0)
+    most = np.int64(0)
     for k in range(n):
         text = load_word(items + 8 * k)
         if load_word(text + OB_TYPE_OFFSET) != str_type:
-            return -1
+            return np.int64(-1), np.int64(-1)
         length = load_word(text + STR_LENGTH_OFFSET)
         lengths[k] = length
         total += length
-    return total
+        state = load_word(text + STR_STATE_OFFSET)
+        kind = (state >> _STR_KIND_SHIFT) & 7
+        width = 1 if state & STR_ASCII_BIT else (2 if kind == 1 else (3 if kind == 2 else 4))
+        most += width * length
+    return total, most
 
 
 _checked: set = set()  # the kernels `_announce_once` has looked for in the cache
@@ -245,16 +253,17 @@ def gather_layout_known() -> bool:
 _WHOLE = np.zeros(0, dtype=np.int64)  # `gather_utf8`'s spans for whole texts
 
 
-def lengths_of(texts: list) -> tuple[np.ndarray, int] | None:
-    """(the length of each text, their sum) of `texts` (a list of the caller's own), read by
-    `str_lengths`; None if one is not a `str` (a subclass's, or not text at all: the caller
-    checks them the slow way) or str objects are laid out otherwise."""
+def lengths_of(texts: list) -> tuple[np.ndarray, int, int] | None:
+    """(the length of each text, their sum, the most UTF-8 bytes they can take) of `texts` (a
+    list of the caller's own), read by `str_lengths`; None if one is not a `str` (a
+    subclass's, or not text at all: the caller checks them the slow way) or str objects are
+    laid out otherwise."""
     if not gather_layout_known():
         return None
     _announce_once(str_lengths)
     lengths = np.empty(len(texts), dtype=np.int64)
-    total = str_lengths(id(texts), len(texts), id(str), lengths)
-    return None if total < 0 else (lengths, int(total))
+    total, most = str_lengths(id(texts), len(texts), id(str), lengths)
+    return None if total < 0 else (lengths, int(total), int(most))
 
 
 def _announce_once(kernel) -> None:

@@ -143,11 +143,26 @@ def test_str_lengths_of_a_list_or_none_at_what_is_not_a_str():
         pass
 
     texts = ["", "abc", "caf\xe9", "\U0001f642" * 3, "x" * 1000, "\ud800"]
-    lengths, total = text_bytes.lengths_of(texts)
+    lengths, total, _ = text_bytes.lengths_of(texts)
     assert lengths.tolist() == [0, 3, 4, 3, 1000, 1] and total == 1011
     for other in (Text("a"), b"a", None, 7):  # a subclass is read the slow way too
         assert text_bytes.lengths_of(texts + [other] + texts) is None
-    assert text_bytes.lengths_of([])[1] == 0
+    assert text_bytes.lengths_of([])[1:] == (0, 0)
+
+
+@given(st.lists(st.text(alphabet=st.sampled_from("ab \xe9\ud800\udc00" + EDGES)), max_size=6))
+@settings(max_examples=200, deadline=None)
+def test_lengths_of_bounds_the_utf8_by_how_each_str_is_held(texts):
+    # The most UTF-8 bytes: a character each for an ASCII str, else 2, 3 or 4 by the bytes a
+    # character CPython holds it in (1, 2, 4), whatever its characters; a lone surrogate
+    # becomes U+FFFD's 3 bytes. A 2-thread batch's result is allocated for that many ids.
+    def width(text):
+        held = max(map(ord, text), default=0)
+        return 1 if held < 0x80 else 2 if held < 0x100 else 3 if held < 0x10000 else 4
+
+    _, _, most = text_bytes.lengths_of(texts)
+    assert most == sum(width(text) * len(text) for text in texts)
+    assert most >= sum(len(_utf8(text)) for text in texts)
 
 
 def test_the_compiling_notice_is_given_for_the_kernel_about_to_be_compiled(gpt2_files,

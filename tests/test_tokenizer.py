@@ -1102,6 +1102,37 @@ def test_a_batchs_result_is_on_small_pages(gpt2):
     assert int(ids[-1]) == 7
 
 
+# Lengths read by a compiled loop, which knows how CPython holds each str; and in Python, which
+# counts 4 bytes a character for a text that is not ASCII.
+@pytest.mark.parametrize("texts, width", [(300, 3), (100, 4)])
+def test_a_batchs_result_has_room_for_an_id_per_utf8_byte_and_no_more(gpt2, monkeypatch, texts,
+                                                                       width):
+    # Allocated for the most UTF-8 bytes the texts can take (not 4 bytes a character): a result
+    # of a few MB is then below the size malloc maps afresh for, so a batch after a batch
+    # reuses the memory the last one let go of. Here every byte is an id of its own (control
+    # characters GPT-2 never merges), so the ids fill exactly that room.
+    from nbbpe import tokenizer as tk
+
+    capacities = []
+
+    class Recorded(tk._JoinedIds):
+        def __init__(self, groups, capacity, dtype):
+            capacities.append(capacity)
+            super().__init__(groups, capacity, dtype)
+
+    monkeypatch.setattr(tk, "_JoinedIds", Recorded)
+    unmerged = "\x00\x01\x02\x03 \x04\x05\x06\x07\x08\x0e\x0f"
+    batch = [unmerged * (k % 7 + 60) for k in range(texts)]  # past conftest's 64K for 2 threads
+    batch[texts // 2] += "\xe9\u4e2d"  # one text not ASCII: 2 + 3 bytes at most a character
+    want = [gpt2.encode(text) for text in batch]
+    ids, offsets = gpt2.encode_batch_to_numpy(batch, num_threads=2)
+    assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
+    utf8 = sum(len(text.encode()) for text in batch)
+    assert len(ids) == utf8 - 5 + len(gpt2.encode("\xe9\u4e2d"))  # the ASCII: an id a byte
+    other = batch[texts // 2]  # held in 2 bytes a character: 3 at most in UTF-8
+    assert capacities == [utf8 - len(other.encode()) + width * len(other)]
+
+
 def test_a_batch_asking_for_threads_starts_them_even_if_too_small_to_use_them(gpt2):
     # A first small batch (the warm-up of a program that will send big ones) starts the pool
     # of the threads asked for, so that the first big batch does not wait for them to start.
