@@ -1269,26 +1269,28 @@ def _madvise():
 class _JoinedIds:
     """The ids of a batch's groups end to end, each group's (ids, where each of its texts' ids
     end) copied into one array by the thread that encoded it, as soon as every group before it
-    is in (`add`): the result is mostly fresh memory (below), and its page faults (~3 us a
-    page on this project's VM: 2.3-2.9 ms for web_5M's ids) then happen while the other threads
-    encode, not all in one thread at the end, as `np.concatenate` of the parts had them. The
-    array is allocated for `capacity` ids, an upper bound; pages never written are never
-    touched, and `result` shrinks it in place to the ids written. Its pages are the system's
-    small ones (`_small_pages`).
+    is in (`add`): where the result's memory is fresh, its page faults (~3 us a page on this
+    project's VM: 2.3-2.9 ms for web_5M's ids) then happen while the other threads encode, not
+    all in one thread at the end, as `np.concatenate` of the parts had them. The array has room
+    for `capacity` ids, an upper bound, in memory lent to the result (`_ResultLease`: the
+    memory an earlier result let go of, if it has room); pages never written are never
+    touched, and `result` is a view of the ids written.
 
     The bound is the most UTF-8 bytes the texts can take (an id a byte at most), not 4 bytes a
-    character: an array below glibc's mmap threshold (raised, up to 32 MB, by the sizes of
-    freed mapped blocks) may then reuse memory a batch before let go of, already faulted in,
-    where a larger one is mapped afresh each time. 14 batches one after another in a process,
-    2 threads, against a bound 4 times as large, medians of 5 alternated processes: TinyStories
-    5.48 against 6.28 ms a batch (its result 9.6 MB, in the heap), multi_1M 3.76 against 4.07;
-    web_5M 8.68 against 8.40 (18.4 MB, mapped afresh either way). A fresh process's first
-    batch: no different (TinyStories 8.71 against 8.70 ms, web_5M 17.32 against 17.80).
+    character: less memory to hold, and before results were lent memory, an array below
+    glibc's mmap threshold (raised, up to 32 MB, by the sizes of freed mapped blocks) reused
+    memory a batch before let go of, where a larger one was mapped afresh each time. 14
+    batches one after another in a process, 2 threads, against a bound 4 times as large,
+    medians of 5 alternated processes: TinyStories 5.48 against 6.28 ms a batch (its result 9.6
+    MB, in the heap), multi_1M 3.76 against 4.07; web_5M 8.68 against 8.40 (18.4 MB, mapped
+    afresh either way). A fresh process's first batch: no different (TinyStories 8.71 against
+    8.70 ms, web_5M 17.32 against 17.80).
     """
 
     def __init__(self, groups: int, capacity: int, dtype):
-        self._ids = np.empty(max(capacity, 1), dtype=dtype)
-        _small_pages(self._ids)
+        dtype = np.dtype(dtype)
+        self._lease = _ResultLease(max(capacity, 1) * dtype.itemsize)
+        self._ids = np.asarray(self._lease).view(dtype)
         self._parts: list = [None] * groups
         self._ends: list = [None] * groups  # each group's text ends, where they are in _ids
         self._next = 0  # the first group not yet placed
@@ -1323,13 +1325,67 @@ class _JoinedIds:
         """(ids, offsets) once every group is in, as `_join_parts` gives them."""
         if self._next != len(self._parts):
             raise RuntimeError(f"group {self._next} of the batch's {len(self._parts)} is missing")
-        ids = self._ids
+        ids = self._ids[: self._filled]  # the memory held by the lease (`_ResultLease`)
         self._ids = None
-        ids.resize(self._filled, refcheck=False)  # realloc: in place, the tail let go of
+        self._lease.written(ids.nbytes)
         offsets = np.zeros(n_texts + 1, dtype=np.int64)
         if self._ends:
             np.concatenate(self._ends, out=offsets[1:])
         return ids, offsets
+
+
+# Memory a batch's result had, let go of with the result, for the next batch's (`_ResultLease`):
+# at most one block, kept only if at most `_KEPT_WRITTEN` of its bytes were written (what it
+# holds of the process's memory). A list: its append and pop are atomic, from any thread.
+_spare_results: list = []
+_KEPT_WRITTEN = 32 << 20
+
+
+class _ResultLease:
+    """A block of memory lent to one batch's result: the result is a view of it, and NumPy's
+    views hold it as their base, so when the last of them goes the block goes to
+    `_spare_results` for the next batch, rather than back to the system (the result does not
+    own its memory: `ids.resize` refuses, `np.resize` copies). A result's pages were fresh
+    memory, each faulting in as its ids were written, where one call per text reuses the
+    memory of its small arrays through malloc. Batches one after another, each result let go
+    of before the next, against the commit before (3492217), alternated fresh processes:
+    web_5M in 15 batches a process (`scripts/batch_threads.py --what steady --batches 15`, 5
+    each), the batches after the first 7.79 (7.62-8.04) against 8.57 (8.24-8.97) ms, with 0
+    page faults against 841; TinyStories and multi_1M, whose results malloc already reused, no
+    different (5.35 against 5.53, 3.79 against 3.66); the first batch no different. The first
+    200 MB of the scale corpus, in `bench_encode.py`'s batches of 16 MB, 2 threads (6 each):
+    326 (322-334) against 277 (267-331) MB/s, the same ids, peak RSS 425-453 against 420-455
+    MB. A block is taken again if it has room for the bound asked for; made with a quarter
+    more room than asked, so that a slightly larger batch takes it too. Pages never written
+    are never touched; at most `_KEPT_WRITTEN` bytes written stay with the process once every
+    result is let go of."""
+
+    __slots__ = ("_block", "_written", "__array_interface__")
+
+    def __init__(self, nbytes: int):
+        try:
+            block, written = _spare_results.pop()
+        except IndexError:
+            block = None
+        if block is None or len(block) < nbytes:
+            block = np.empty(nbytes + nbytes // 4, dtype=np.uint8)  # (the spare is let go of)
+            _small_pages(block)
+            written = 0
+        self._block = block
+        self._written = written  # bytes of the block written so far, at most
+        self.__array_interface__ = {"data": (block.ctypes.data, False), "shape": (nbytes,),
+                                    "typestr": "|u1", "version": 3}
+
+    def written(self, nbytes: int) -> None:
+        """The result's ids take its first `nbytes` bytes."""
+        self._written = max(self._written, nbytes)
+
+    def __del__(self):
+        try:
+            if self._written <= _KEPT_WRITTEN and not _spare_results:
+                _spare_results.append((self._block, self._written))
+        except Exception:  # at shutdown, the module's names may be gone: nothing to keep
+            pass
 
 
 def _join_parts(parts, n_texts: int) -> tuple[np.ndarray, np.ndarray]:

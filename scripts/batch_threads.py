@@ -1,7 +1,7 @@
 """Where a 2-thread batch's time goes, and what bounds it: diagnostics for `encode_batch`.
 
-    python scripts/batch_threads.py [CORPUS ...] [--what timeline,bound,idle] [--runs 8]
-        [--sleep 2] [--json out.json]
+    python scripts/batch_threads.py [CORPUS ...] [--what timeline,bound,idle,steady] [--runs 8]
+        [--sleep 2] [--batches 15] [--json out.json]
 
 Every run is a fresh process, as in bench_encode.py: GPT-2's files, the tool built and warmed up
 (a small batch, or one call per warm-up text), the corpus's documents read (its `<|endoftext|>`
@@ -22,6 +22,11 @@ lines cut it), then timed at once. Default corpora: the shared web_5M, multi_1M,
 - idle: one call per document on one thread, pinned, right after reading the documents and after
   `--sleep` seconds of sleep, for nbbpe and gigatoken (if installed), alternated: on this
   project's VM, memory not touched for a while is slower to touch again, for every tool.
+- steady: `--batches` 2-thread batches of the corpus one after another in one process, as a user
+  encoding batch after batch runs them: the first (cold caches, as the bench times it), and the
+  median of the others (every pre-token in the cache, the memory warm); and the page faults of
+  each (the process's minor faults: fresh memory's pages, as the ids are written into a result
+  that did not get memory an earlier one let go of).
 
 Linux only (CPU pinning, /proc/vmstat). The README quotes these figures.
 """
@@ -41,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_peers  # noqa: E402
 from bench_encode import default_corpora, documents  # noqa: E402
 
-WHATS = ("timeline", "bound", "idle")
+WHATS = ("timeline", "bound", "idle", "steady")
 _VMSTAT = ("thp_fault_alloc", "compact_stall")
 
 
@@ -176,12 +181,34 @@ def bound(corpus: str) -> dict:
             "halves_bytes": [len(made[k][0]) for k in (0, 1)]}
 
 
+def steady(corpus: str, batches: int) -> dict:
+    """`batches` 2-thread batches of the corpus's documents, one after another."""
+    import resource
+
+    os.sched_setaffinity(0, {0, 1})
+    _, tok = build("nbbpe", 2)
+    docs = [d.decode() for d in documents(corpus)]
+    times, faults = [], []
+    for _ in range(batches):
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t0 = time.perf_counter()
+        ids, offsets = tok.encode_batch_to_numpy(docs, num_threads=2)
+        times.append((time.perf_counter() - t0) * 1e3)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        del ids, offsets  # let go of, as a user who writes each batch's ids out does
+    return {"ms": times[0], "first_ms": times[0], "steady_ms": statistics.median(times[1:]),
+            "batches": batches, "first_faults": faults[0],
+            "steady_faults": statistics.median(faults[1:])}
+
+
 def run_child(spec: dict) -> dict:
     what = spec["what"]
     if what == "timeline":
         return timeline(spec["corpus"])
     if what == "bound":
         return bound(spec["corpus"])
+    if what == "steady":
+        return steady(spec["corpus"], spec["batches"])
     return per_document(spec["tool"], spec["corpus"], spec.get("sleep", 0.0))
 
 
@@ -198,7 +225,7 @@ def _range(values) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def measure(corpora, whats, runs: int, sleep: float, log=print) -> list[dict]:
+def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 15) -> list[dict]:
     results = []
     have_gigatoken = bench_peers.tool_available("gigatoken")
     for corpus in corpora:
@@ -208,6 +235,8 @@ def measure(corpora, whats, runs: int, sleep: float, log=print) -> list[dict]:
                 specs = [[dict(what="timeline", corpus=corpus)]] * runs
             elif what == "bound":
                 specs = [[dict(what="bound", corpus=corpus), dict(what="doc", tool="nbbpe", corpus=corpus)]] * runs
+            elif what == "steady":
+                specs = [[dict(what="steady", corpus=corpus, batches=max(2, batches))]] * runs
             else:
                 tools = ["nbbpe"] + (["gigatoken"] if have_gigatoken else [])
                 specs = [[dict(what="doc", tool=t, corpus=corpus, sleep=s) for t in tools for s in (0.0, sleep)]] * runs
@@ -221,7 +250,8 @@ def measure(corpora, whats, runs: int, sleep: float, log=print) -> list[dict]:
                     done.setdefault(key, []).append(result)
             log(f"{name} {what} ({runs} fresh processes each):")
             for (kind, tool, slept), got in done.items():
-                label = {"timeline": "2-thread batch", "bound": "two halves at once"}.get(
+                label = {"timeline": "2-thread batch", "bound": "two halves at once",
+                         "steady": "2-thread batches one after another, the first"}.get(
                     kind, f"{tool}, one call per document" + (f", after {slept:g} s of sleep" if slept else ""))
                 log(f"  {label}: {_range([g['ms'] for g in got])} ms")
                 if kind == "timeline":
@@ -235,6 +265,10 @@ def measure(corpora, whats, runs: int, sleep: float, log=print) -> list[dict]:
                     stalls = sum(g["vmstat"].get("compact_stall", 0) for g in got)
                     huge = sum(g["vmstat"].get("thp_fault_alloc", 0) for g in got)
                     log(f"    during the batches: {stalls} compaction stalls, {huge} 2 MB page faults (system-wide)")
+                if kind == "steady":
+                    log(f"    the others, median: {_range([g['steady_ms'] for g in got])} ms; page faults: "
+                        f"the first {_range([g['first_faults'] for g in got])}, the others "
+                        f"{_range([g['steady_faults'] for g in got])}")
                 if kind == "bound":
                     log("    halves: " + ", ".join(f"{a:.2f} and {b:.2f}" for a, b in (g["halves_ms"] for g in got)) + " ms")
     return results
@@ -246,6 +280,7 @@ def main(argv=None) -> int:
     parser.add_argument("--what", default=",".join(WHATS), help=f"comma-separated, of {','.join(WHATS)}")
     parser.add_argument("--runs", type=int, default=8, help="fresh processes per measurement")
     parser.add_argument("--sleep", type=float, default=2.0, help="idle: seconds of sleep before timing")
+    parser.add_argument("--batches", type=int, default=15, help="steady: batches per process")
     parser.add_argument("--json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -256,7 +291,8 @@ def main(argv=None) -> int:
     unknown = [w for w in whats if w not in WHATS]
     if unknown:
         parser.error(f"unknown --what {unknown}; known: {', '.join(WHATS)}")
-    results = measure(args.corpora or default_corpora(), whats, args.runs, args.sleep)
+    results = measure(args.corpora or default_corpora(), whats, args.runs, args.sleep,
+                      batches=args.batches)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

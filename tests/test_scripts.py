@@ -321,6 +321,22 @@ def test_batch_threads_times_a_batch_per_thread_its_halves_bound_and_idle_memory
     assert set(by_sleep) == {0.0, 0.01} and min(by_sleep.values()) > 0
 
 
+def test_batch_threads_steady_times_batches_one_after_another():
+    # One fresh process encoding the sample as 3 batches in a row: the first timed apart, the
+    # others' median, and the page faults of each (fewer once a result takes the memory the
+    # one before let go of).
+    script = load_script("batch_threads")
+    lines = []
+    results = script.measure([str(sample_corpus_path())], ["steady"], runs=1, sleep=0.0,
+                             log=lines.append, batches=3)
+    assert len(results) == 1
+    r = results[0]
+    assert r["what"] == "steady" and r["batches"] == 3
+    assert r["first_faults"] > r["steady_faults"] >= 0
+    assert r["ms"] == r["first_ms"] > 0 and r["steady_ms"] > 0
+    assert any("the others, median" in line and "page faults" in line for line in lines)
+
+
 def test_batch_threads_bound_fails_on_halves_cut_where_the_ids_change(monkeypatch):
     # The bound's own check: halves cut inside a word give other ids than one call per document.
     script = load_script("batch_threads")

@@ -1006,10 +1006,11 @@ def test_a_large_batch_on_one_thread_is_encoded_in_groups(gpt2_files, monkeypatc
 
 def test_groups_ids_are_copied_into_the_result_in_order_as_they_come(gpt2_files, monkeypatch):
     # On threads the groups end in any order: each group's ids go into the result as soon as
-    # every group before it is in, and the result is shrunk to the ids (owning them). With
-    # no room for its upper bound (MemoryError), the parts are joined at the end as before.
+    # every group before it is in, and the result is a view of the ids written, on memory
+    # lent to it (`_ResultLease`). With no room for its upper bound (MemoryError), the parts
+    # are joined at the end as before.
     import nbbpe.tokenizer
-    from nbbpe.tokenizer import _JoinedIds
+    from nbbpe.tokenizer import _JoinedIds, _ResultLease
 
     joined = _JoinedIds(3, 100, np.uint16)
     parts = [(np.array([1, 2], np.uint16), np.array([1, 2])), (np.zeros(0, np.uint16), np.array([0])),
@@ -1018,7 +1019,7 @@ def test_groups_ids_are_copied_into_the_result_in_order_as_they_come(gpt2_files,
         joined.add(k, parts[k])
     ids, offsets = joined.result(4)
     assert ids.tolist() == [1, 2, 7, 8, 9] and offsets.tolist() == [0, 1, 2, 2, 5]
-    assert ids.base is None and ids.dtype == np.uint16
+    assert isinstance(lease_of(ids), _ResultLease) and ids.dtype == np.uint16
     missing = _JoinedIds(2, 10, np.uint16)
     missing.add(1, parts[0])
     with pytest.raises(RuntimeError, match="group 0 of the batch's 2 is missing"):
@@ -1034,7 +1035,7 @@ def test_groups_ids_are_copied_into_the_result_in_order_as_they_come(gpt2_files,
     for threads in (1, 2, 3):
         ids, offsets = tok.encode_batch_to_numpy(batch, num_threads=threads)
         assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
-        assert ids.base is None and len(ids) == offsets[-1]
+        assert isinstance(lease_of(ids), _ResultLease) and len(ids) == offsets[-1]
     assert len(made) == 3
 
     def no_room(*args):
@@ -1042,6 +1043,60 @@ def test_groups_ids_are_copied_into_the_result_in_order_as_they_come(gpt2_files,
     monkeypatch.setattr(nbbpe.tokenizer, "_JoinedIds", no_room)
     ids, offsets = tok.encode_batch_to_numpy(batch, num_threads=2)
     assert [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == want
+
+
+def lease_of(ids: np.ndarray):
+    """What a NumPy array's memory belongs to: the end of its chain of bases."""
+    while isinstance(ids, np.ndarray) and ids.base is not None:
+        ids = ids.base
+    return ids
+
+
+def test_a_batchs_result_memory_goes_to_the_next_batch_once_let_go_of(gpt2, monkeypatch):
+    # A result is a view of memory lent to it (`_ResultLease`); once the result and every view
+    # of it are gone, the next batch's result takes that memory, its pages already in, rather
+    # than memory mapped afresh. A result still held keeps its memory and its ids.
+    from nbbpe import tokenizer as tk
+
+    monkeypatch.setattr(tk, "_spare_results", [])
+    first = read("web_sample.txt").split(EOT) * 3
+    second = read("multi_sample.txt").split("\n") * 2
+    want_first = gpt2.encode_batch(first, num_threads=1)
+    want_second = gpt2.encode_batch(second, num_threads=1)
+
+    def texts_of(ids, offsets):
+        return [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+
+    ids, offsets = gpt2.encode_batch_to_numpy(first, num_threads=2)
+    held = ids.ctypes.data
+    view = ids[5:]  # a view keeps the memory as the result does
+    del ids
+    again, again_offsets = gpt2.encode_batch_to_numpy(second, num_threads=2)
+    assert again.ctypes.data != held and texts_of(again, again_offsets) == want_second
+    assert view.tolist() == np.concatenate([np.array(t, np.uint16) for t in want_first])[5:].tolist()
+    del view
+    assert len(tk._spare_results) == 1
+    ids, offsets = gpt2.encode_batch_to_numpy(first, num_threads=2)
+    assert ids.ctypes.data == held and texts_of(ids, offsets) == want_first
+    assert texts_of(again, again_offsets) == want_second  # untouched by the batch after it
+    del ids, offsets, again
+    assert len(tk._spare_results) == 1  # one block kept at most: the other let go of
+    # A block whose written bytes are more than `_KEPT_WRITTEN` is let go of, not kept.
+    monkeypatch.setattr(tk, "_KEPT_WRITTEN", 1000)
+    tk._spare_results.clear()
+    ids, _ = gpt2.encode_batch_to_numpy(first, num_threads=2)
+    assert ids.nbytes > 1000
+    del ids
+    assert tk._spare_results == []
+    # A block without room for a batch's bound is let go of, and the batch takes a larger one.
+    monkeypatch.setattr(tk, "_KEPT_WRITTEN", 32 << 20)
+    small, _ = gpt2.encode_batch_to_numpy(first, num_threads=2)
+    small_block = lease_of(small)._block
+    del small
+    assert tk._spare_results[0][0] is small_block
+    big, big_offsets = gpt2.encode_batch_to_numpy(first * 2, num_threads=2)
+    assert lease_of(big)._block is not small_block and texts_of(big, big_offsets) == want_first * 2
+    assert tk._spare_results == []  # (the small block let go of)
 
 
 def test_a_group_that_waits_keeps_its_ids_though_its_threads_buffer_is_reused():
