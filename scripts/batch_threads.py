@@ -26,7 +26,10 @@ lines cut it), then timed at once. Default corpora: the shared web_5M, multi_1M,
   encoding batch after batch runs them: the first (cold caches, as the bench times it), and the
   median of the others (every pre-token in the cache, the memory warm); and the page faults of
   each (the process's minor faults: fresh memory's pages, as the ids are written into a result
-  that did not get memory an earlier one let go of).
+  that did not get memory an earlier one let go of). Then as many passes of one call per
+  document on one thread, warm too (the median of all but the first; the documents' strs are
+  the same, so a text that is not ASCII has its UTF-8 kept in it by CPython after the first),
+  and the batches' speed-up over them.
 
 Linux only (CPU pinning, /proc/vmstat). The README quotes these figures.
 """
@@ -196,9 +199,17 @@ def steady(corpus: str, batches: int) -> dict:
         times.append((time.perf_counter() - t0) * 1e3)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
         del ids, offsets  # let go of, as a user who writes each batch's ids out does
+    one = tok.encode_to_numpy
+    passes = []
+    for _ in range(batches):  # then one call per document on this one thread, as often
+        t0 = time.perf_counter()
+        for doc in docs:
+            one(doc)
+        passes.append((time.perf_counter() - t0) * 1e3)
     return {"ms": times[0], "first_ms": times[0], "steady_ms": statistics.median(times[1:]),
             "batches": batches, "first_faults": faults[0],
-            "steady_faults": statistics.median(faults[1:])}
+            "steady_faults": statistics.median(faults[1:]),
+            "one_thread_ms": statistics.median(passes[1:])}
 
 
 def run_child(spec: dict) -> dict:
@@ -269,6 +280,9 @@ def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 1
                     log(f"    the others, median: {_range([g['steady_ms'] for g in got])} ms; page faults: "
                         f"the first {_range([g['first_faults'] for g in got])}, the others "
                         f"{_range([g['steady_faults'] for g in got])}")
+                    log(f"    one call per document on one thread, warm: "
+                        f"{_range([g['one_thread_ms'] for g in got])} ms; the batches' speed-up "
+                        f"{_range([g['one_thread_ms'] / g['steady_ms'] for g in got])}")
                 if kind == "bound":
                     log("    halves: " + ", ".join(f"{a:.2f} and {b:.2f}" for a, b in (g["halves_ms"] for g in got)) + " ms")
     return results
