@@ -1318,6 +1318,8 @@ class _JoinedIds:
                 self._ends[self._next] = ends + self._filled
                 self._filled += len(ids)
                 self._next += 1
+            # (so that a batch that fails after this is not kept holding more than it says)
+            self._lease.written(self._filled * self._ids.itemsize)
         for at, ids in placed:
             self._ids[at : at + len(ids)] = ids
 
@@ -1327,7 +1329,6 @@ class _JoinedIds:
             raise RuntimeError(f"group {self._next} of the batch's {len(self._parts)} is missing")
         ids = self._ids[: self._filled]  # the memory held by the lease (`_ResultLease`)
         self._ids = None
-        self._lease.written(ids.nbytes)
         offsets = np.zeros(n_texts + 1, dtype=np.int64)
         if self._ends:
             np.concatenate(self._ends, out=offsets[1:])

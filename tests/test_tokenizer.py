@@ -1099,6 +1099,33 @@ def test_a_batchs_result_memory_goes_to_the_next_batch_once_let_go_of(gpt2, monk
     assert tk._spare_results == []  # (the small block let go of)
 
 
+def test_a_batch_that_fails_lets_its_result_memory_go_as_written(gpt2_files, monkeypatch):
+    # The ids placed so far count as written when a batch fails midway: its block is kept for
+    # the next batch only if no more than `_KEPT_WRITTEN` bytes were written into it.
+    from nbbpe import tokenizer as tk
+
+    monkeypatch.setattr(tk, "_GROUP_CHARS", 3000)  # one thread, groups one after another
+    monkeypatch.setattr(tk, "_spare_results", [])
+    monkeypatch.setattr(tk, "_KEPT_WRITTEN", 1000)
+    tok = Tokenizer(*gpt2_files, [EOT])
+    batch = read("web_sample.txt").split(EOT) + ["the last text"]
+    real = tok._encode_pieces
+
+    def fails_at_the_last(pieces, dtype):
+        if pieces[-1] == "the last text":
+            raise RuntimeError("a group failed")
+        return real(pieces, dtype)
+
+    monkeypatch.setattr(tok, "_encode_pieces", fails_at_the_last)
+    with pytest.raises(RuntimeError, match="a group failed"):
+        tok.encode_batch_to_numpy(batch, num_threads=1)
+    assert tk._spare_results == []  # more than 1000 bytes of ids were written
+    monkeypatch.setattr(tk, "_KEPT_WRITTEN", 32 << 20)
+    with pytest.raises(RuntimeError, match="a group failed"):
+        tok.encode_batch_to_numpy(batch, num_threads=1)
+    assert len(tk._spare_results) == 1 and tk._spare_results[0][1] > 1000
+
+
 def test_a_group_that_waits_keeps_its_ids_though_its_threads_buffer_is_reused():
     # On threads, a group's ids come as a view of its thread's output buffer (int32), which
     # that thread's next group overwrites: a group placed at once is copied before `add`
