@@ -84,10 +84,15 @@ def per_document(tool: str, corpus: str, sleep: float = 0.0) -> dict:
     docs = [d.decode() for d in documents(corpus)]
     if sleep:
         time.sleep(sleep)
+    return {"ms": one_call_per_document_ms(encoder.one, docs)}
+
+
+def one_call_per_document_ms(one, docs) -> float:
+    """Milliseconds for one(doc) of each document in turn."""
     t0 = time.perf_counter()
     for doc in docs:
-        encoder.one(doc)
-    return {"ms": (time.perf_counter() - t0) * 1e3}
+        one(doc)
+    return (time.perf_counter() - t0) * 1e3
 
 
 def timeline(corpus: str) -> dict:
@@ -199,13 +204,8 @@ def steady(corpus: str, batches: int) -> dict:
         times.append((time.perf_counter() - t0) * 1e3)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
         del ids, offsets  # let go of, as a user who writes each batch's ids out does
-    one = tok.encode_to_numpy
-    passes = []
-    for _ in range(batches):  # then one call per document on this one thread, as often
-        t0 = time.perf_counter()
-        for doc in docs:
-            one(doc)
-        passes.append((time.perf_counter() - t0) * 1e3)
+    # then one call per document on this one thread, as often
+    passes = [one_call_per_document_ms(tok.encode_to_numpy, docs) for _ in range(batches)]
     return {"ms": times[0], "first_ms": times[0], "steady_ms": statistics.median(times[1:]),
             "batches": batches, "first_faults": faults[0],
             "steady_faults": statistics.median(faults[1:]),
