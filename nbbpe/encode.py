@@ -1195,7 +1195,7 @@ def _short_path(self_object, args, nargs, kwnames):
       (~0.25 us of 0.45 for "Hi!" through the method).
 
     Against the call of a Numba function, which unboxed a `bytes` and the values array and let
-    go of the GIL each time, and a `str.encode` before it: see the README's "What moved
+    go of the GIL each time, and a `str.encode` before it: see PERFORMANCE.md's "What moved
     encoding". The values' address is read from the array in the tuple."""
     # Each helper below is inlined once, for both ways (twice, it took 0.9-1.2 s to compile
     # against 0.4-0.6).

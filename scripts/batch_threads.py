@@ -31,7 +31,7 @@ lines cut it), then timed at once. Default corpora: the shared web_5M, multi_1M,
   the same, so a text that is not ASCII has its UTF-8 kept in it by CPython after the first),
   and the batches' speed-up over them.
 
-Linux only (CPU pinning, /proc/vmstat). The README quotes these figures.
+Linux only (CPU pinning, /proc/vmstat). PERFORMANCE.md quotes these figures.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ Derived, as medians over the repeats (ranges in brackets): lookups = warm - scan
 pre-tokens up and writing their ids out), merging = cold - warm, and merging / learned, what a
 new pre-token costs in the pass, next to what merging one costs alone (the gap is what the pass
 adds: the miss and the store).
-The README quotes these figures.
+PERFORMANCE.md quotes these figures.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ baseline's, so the machine's slow and fast phases (a factor of two here, over se
 the median ratio and its range over the rounds are reported. Each variant must give baseline's
 ids.
 
-`VARIANTS` holds what was tried (the README's "What moved encoding, and what did not" quotes the
-results); a new idea is a new entry. A variant whose lines are no longer in the source says so
+`VARIANTS` holds what was tried (PERFORMANCE.md's "What moved encoding, and what did not"
+quotes the results); a new idea is a new entry. A variant whose lines are no longer in the source says so
 rather than measuring something else.
 """
 

@@ -26,7 +26,7 @@ the two alternated. `--scale` multiplies the work of each (and the largest table
   lookups has them (what the memory and the shared cache give two cores at once);
 - streaming writes: a 64 MB array filled again and again (the memory's bandwidth).
 
-The machine of this project: 2 virtual CPUs of an Intel Xeon VM (see the README's figures).
+The machine of this project: 2 virtual CPUs of an Intel Xeon VM (see PERFORMANCE.md's figures).
 """
 
 from __future__ import annotations
