@@ -32,7 +32,9 @@ What is measured (the tools and their exact calls are in scripts/bench_peers.py)
 - also per run: MB per CPU-second of the process in the encode calls (all its threads; with 1
   thread, the speed it would have with the CPU to itself, which other load disturbs less),
   CPU/wall (CPUs busy on average: below 1 with 1 thread means the CPU was shared), seconds to
-  import and build the tool, seconds of the warm-up call;
+  import and build the tool, seconds of the warm-up call, and the MB/s of each batch (printed,
+  as medians over the rounds, when the corpus takes more than one: where in a large corpus a
+  tool slows down);
 - ids: the SHA-1 of each run's concatenated ids must equal tiktoken's; a tool whose ids differ
   is reported as NOT EXACT, with the first differing document, and is left out of the ratios.
   Ratios: to the fastest exact peer (tiktoken, gigatoken, fastokens, hf, bpe_openai, quicktok)
@@ -180,18 +182,22 @@ def encode_corpus(encode, spec: dict, digest: IdsDigest | None) -> dict:
     """Time `encode` on each batch of documents (and only that); feed the ids to `digest`."""
     seconds = cpu_seconds = 0.0
     size = count = 0
+    batch_mb_s = []
     for docs, nbytes in batches(spec["corpus"], spec["max_bytes"], spec["batch_bytes"]):
         t0, c0 = time.perf_counter(), time.process_time()
         result = encode(docs)
-        seconds += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        seconds += spent
         cpu_seconds += time.process_time() - c0
+        batch_mb_s.append(nbytes / 1e6 / spent)
         size += nbytes
         count += len(docs)
         if digest:
             digest.add(result, len(docs))
         del result
     return {"megabytes": size / 1e6, "documents": count, "seconds": seconds, "mb_s": size / 1e6 / seconds,
-            "cpu_mb_s": size / 1e6 / cpu_seconds, "cpu_per_wall": cpu_seconds / seconds}
+            "cpu_mb_s": size / 1e6 / cpu_seconds, "cpu_per_wall": cpu_seconds / seconds,
+            "batch_mb_s": batch_mb_s}
 
 
 def diagnose_child(spec: dict) -> dict:
@@ -409,7 +415,15 @@ def _row(key: tuple, group: list[dict]) -> dict:
         "load_average": [min(r["load_average"] for r in done), max(r["load_average"] for r in done)],
         "exact": False if False in exact else None if None in exact else True,
         "mismatch": next((r["mismatch"] for r in done if "mismatch" in r), None),
+        "batch_mb_s": _batch_medians([r.get("batch_mb_s", []) for r in done]),
     }
+
+
+def _batch_medians(runs: list[list[float]]) -> list[float]:
+    """The median MB/s of each batch over the runs (those that have it: all runs read the same
+    batches)."""
+    n = min(map(len, runs), default=0)
+    return [statistics.median(run[k] for run in runs) for k in range(n)]
 
 
 def report(rows: list[dict], encoding: str, log=print) -> None:
@@ -428,6 +442,10 @@ def report(rows: list[dict], encoding: str, log=print) -> None:
                 f"{r['peak_rss_mb']:>6.0f} MB{r['build_s']:>7.2f}s{r['warmup_s']:>8.3f}s")
         best = next((r["best_peer"] for r in measured if "best_peer" in r), None)
         log(f"  best exact peer: {best or 'none'}; ratios by median MB/s")
+        if any(len(r["batch_mb_s"]) > 1 for r in measured):  # where in the corpus time goes
+            log(f"  MB/s by batch of ~{_batch_size(measured[0])} (medians over the rounds):")
+            for r in measured:
+                log(f"  {r['tool']:<12}" + " ".join(f"{x:.0f}" for x in r["batch_mb_s"]))
         for r in table:
             if "skipped" in r:
                 log(f"  {r['tool']}: skipped, {r['skipped']}")
@@ -455,6 +473,10 @@ def _table_title(corpus: str, threads: int, encoding: str, measured: list[dict])
     return (f"{os.path.basename(corpus)}: {first['megabytes']:.2f} MB in {first['documents']:,} documents, "
             f"{encoding}; {mode}; {rounds} fresh process{'es' if rounds > 1 else ''} per tool; "
             f"load average {low:.1f}-{high:.1f}")
+
+
+def _batch_size(row: dict) -> str:
+    return f"{row['megabytes'] / len(row['batch_mb_s']):.0f} MB"
 
 
 def _ratio(row: dict, key: str) -> str:

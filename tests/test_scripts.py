@@ -265,6 +265,31 @@ def test_bench_encode_file_against_gigatoken(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path / "out")) == []  # the token files are removed without --keep
 
 
+def test_bench_encode_reports_each_batchs_speed(tmp_path, capsys):
+    """A corpus read in several batches: each tool's MB/s per batch, in the JSON and printed
+    (where in a large corpus a tool is slow); one batch: no such line."""
+    bench = load_script("bench_encode")
+    text = Path(sample_corpus_path()).read_text(encoding="utf-8")[:120_000]
+    corpus = tmp_path / "small.txt"
+    corpus.write_text(text, encoding="utf-8")
+    expected = len(list(bench.batches(str(corpus), None, 30_000)))
+    assert expected >= 3
+    out = tmp_path / "result.json"
+    assert bench.main([str(corpus), "--tools", "nbbpe", "--threads", "1", "--repeat", "1",
+                       "--batch-mb", "0.03", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "MB/s by batch of ~" in printed
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["tool"] for r in rows} == {"tiktoken", "nbbpe"}
+    lines = printed.splitlines()
+    by_batch = lines[next(k for k, l in enumerate(lines) if "MB/s by batch" in l) + 1:][:len(rows)]
+    for row, line in zip(rows, by_batch):
+        assert len(row["batch_mb_s"]) == expected and all(x > 0 for x in row["batch_mb_s"])
+        assert line.split() == [row["tool"], *(f"{x:.0f}" for x in row["batch_mb_s"])]
+    assert bench.main([str(corpus), "--tools", "nbbpe", "--threads", "1", "--repeat", "1"]) == 0
+    assert "MB/s by batch" not in capsys.readouterr().out
+
+
 def test_encode_breakdown_splits_a_cold_pass(tmp_path, capsys):
     corpus = tmp_path / "small.txt"
     corpus.write_text((FIXTURES / "multi_sample.txt").read_text(encoding="utf-8")[:20_000]
