@@ -15,8 +15,8 @@ the median ratio and its range over the rounds are reported. Each variant must g
 ids.
 
 `VARIANTS` holds what was tried (PERFORMANCE.md's "What moved encoding, and what did not"
-quotes the results); a new idea is a new entry. A variant whose lines are no longer in the source says so
-rather than measuring something else.
+quotes the results); a new idea is a new entry. A variant whose lines are no longer in the
+source says so rather than measuring something else.
 """
 
 from __future__ import annotations
