@@ -1524,6 +1524,7 @@ class ThreadState:
 
     def __init__(self, cache: SharedCache):
         self.cache = cache
+        cache.attach(self)
         self.scratch = new_scratch()
         self.out = np.empty(0, dtype=np.int32)  # the kernels' output, reused: no page faults
         self.doc_end = np.empty(1, dtype=np.int64)  # for one text at a time
@@ -1573,7 +1574,7 @@ class ThreadState:
     def make_room(self, full: Table) -> None:
         """A kernel found `full`, the cache's table it had, full: let the cache grow
         (`SharedCache.make_room`), and take up its table."""
-        self.cache.make_room(full)
+        self.cache.make_room(full, self)
         self.set_text_call(None)  # its arguments hold the old table
 
     def set_text_call(self, call) -> None:

@@ -409,6 +409,37 @@ def test_a_tiny_cache_is_emptied_and_gives_the_same_ids(gpt2, gpt2_files):
     assert uncached.encode(text) == expected
 
 
+def test_a_cache_with_one_thread_starts_again_in_its_own_memory(gpt2, gpt2_files):
+    # New memory costs page faults (and on this project's VM, memory not given to a process
+    # for a while is slow to touch): a cache that only one thread uses starts again in the
+    # table it had, emptied, with the vocab table put back. With another thread's state it may
+    # be read meanwhile: it starts again in new memory.
+    words = read("multi_sample.txt")[:30000].split()
+    texts = [" ".join(words[k:k + 9]) for k in range(0, len(words), 9)]
+    expected = [gpt2.encode(text) for text in texts]
+    for other_thread in (False, True):
+        tokenizer = Tokenizer(*gpt2_files, [EOT], cache_size=40)
+        release = threading.Event()
+        helper = threading.Thread(target=lambda: (tokenizer.encode("a word"), release.wait(20)))
+        if other_thread:  # its state lives as long as the thread
+            helper.start()
+        assert [tokenizer.encode(text) for text in texts[:20]] == expected[:20]
+        cache = tokenizer._thread_state().cache
+        memories = set()
+        for k in range(20, len(texts)):
+            assert tokenizer.encode(texts[k]) == expected[k]
+            memories.add(cache.table.slots.__array_interface__["data"][0])
+        assert cache.table.fill[2] > 3  # it started again, many times
+        vocab_entries = int(cache.vocab.fill[1])
+        assert entries_in(cache.table) >= vocab_entries  # the vocab table is in it again
+        if other_thread:
+            release.set()
+            helper.join()
+            assert len(memories) > 3
+        else:
+            assert len(memories) == 1
+
+
 def test_a_small_cache_size_still_holds_enough_not_to_copy_the_vocab_table_over_and_over(
         gpt2, gpt2_files, monkeypatch):
     # Each time a cache starts again it copies the vocab table (16 MB with GPT-2's vocab). With
@@ -586,15 +617,21 @@ def test_a_thread_goes_on_while_another_grows_the_cache_then_takes_up_the_new_ta
     texts = [" ".join(words[k:k + 9]) for k in range(0, len(words), 9)]
     cache = tokenizer._get_engine().cache
     growing, went_on, grown = threading.Event(), threading.Event(), threading.Event()
-    fresh = cache._fresh
+    # The cache starts again in new memory (`_fresh`), or in its own while the grower is its
+    # only thread (`_start_again_in`): the first time, it waits until the other thread is done.
+    made = {name: getattr(cache, name) for name in ("_fresh", "_start_again_in")}
 
-    def slow_fresh():  # the first growth waits until the other thread is done
-        cache._fresh = fresh
-        growing.set()
-        grown.wait(20)
-        return fresh()
+    def slow(name):
+        def make(*args):
+            for other in made:
+                setattr(cache, other, made[other])
+            growing.set()
+            grown.wait(20)
+            return made[name](*args)
+        return make
 
-    cache._fresh = slow_fresh
+    for name in made:
+        setattr(cache, name, slow(name))
     grower = threading.Thread(target=lambda: tokenizer.encode(" ".join(texts[:100])))
     grower.start()
     assert growing.wait(20)
