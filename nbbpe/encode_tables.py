@@ -3,11 +3,12 @@
 The *vocab table*, built once per tokenizer and never written after, holds every single byte
 and every token's own bytes with the ids they encode to: the common words (about 85% of the
 pre-tokens of web text are one token). The threads encode with one shared *cache*
-(`SharedCache`), which starts as a copy of the vocab table and remembers every other pre-token
-any thread encodes, growing (4 times larger, rehashed) up to `cache_size` of them; past that it
-starts again from the vocab table (in the memory it has, if one thread alone uses it), so
-memory stays bounded. The lookup of any pre-token is one
-probe of one table, and a pre-token is merged once, not once per thread.
+(`SharedCache`), which starts as a copy of the vocab table with room for `cache_size` more
+pre-tokens and remembers every other pre-token any thread encodes (growing, rehashed, only if
+their records outgrow it); once it holds `cache_size` of them it starts again from the vocab
+table (in the memory it has, if one thread alone uses it), so memory stays bounded. The lookup
+of any pre-token is one probe of one table, and a pre-token is merged once, not once per
+thread.
 
 Threads read and add entries at the same time, without a lock (see `store`): a writer claims an
 empty slot by compare-and-swap, writes the key and ids, and publishes the slot by writing `meta`
@@ -125,17 +126,19 @@ def _aligned_slots(items: int, zeroed: bool = True) -> np.ndarray:
     return raw[start : start + size].view(np.int64)
 
 
-# Pre-tokens a new cache learns before it first grows: at least this many, and as many more as
-# the smallest table (a power of two, at most 3/4 full) holding them and the vocab has room
-# for (its slots then `VOCAB_SPREAD` times as many): about 146k with GPT-2's vocab (cl100k's
-# and o200k's tables hold this many anyway). In a table of 4 MB, a cold pass over web_5M
+# Pre-tokens the vocab table has room for beyond its tokens: at least this many, and as many
+# more as the smallest table (a power of two, at most 3/4 full) holding them and the vocab has
+# room for (its slots then `VOCAB_SPREAD` times as many): about 146k with GPT-2's vocab
+# (cl100k's and o200k's tables hold this many anyway). A cache that learns no more than that
+# is a copy of it (`_copy`); the default cache is larger (`SharedCache._fresh`). Measured when
+# every cache began as such a copy: in a table of 4 MB, a cold pass over web_5M
 # filled it to 68%, and the pre-tokens it learned then waited on two more slots on average past
 # their home: with 8 MB, one thread's cold pass over web_5M was 4.0% faster, over TinyStories
 # 2.7% (medians of 15 alternated rounds); two threads' no slower.
 CACHE_FIRST_ROOM = 1 << 16
 
-# The vocab table, and so each cache's first table, has this many times the slots those
-# entries need at 3/4 full, and that cache fills it to 3/8 before it grows: 16 MB with GPT-2's
+# The vocab table (and so a cache that is a copy of it) has this many times the slots those
+# entries need at 3/4 full, and such a cache fills it to 3/8 before it grows: 16 MB with GPT-2's
 # and cl100k's vocabs, 32 MB with o200k's. Most tokens are never a whole pre-token of a given
 # text (30k of GPT-2's 50k in web_5M), yet each holds a slot that a pre-token the cache learns
 # may have for its home: after a cold pass over web_5M in 8 MB, 8.6% of the lookups of 2 to 16
@@ -170,7 +173,8 @@ class SharedCache:
     """The cache of one tokenizer (`table`, see the module docstring), shared by its threads: a
     copy of the vocab table that learns up to `limit` more pre-tokens (0: none, the vocab table
     itself; else at least `MIN_CACHE_SIZE`). The kernels store into it until it is full and then
-    return; `make_room` grows it, or starts it again from the vocab table at the limit."""
+    return; `make_room` starts it again from the vocab table at the limit (or grows it, if its
+    records ran out first)."""
 
     def __init__(self, vocab: Table, limit: int):
         self.vocab = vocab
@@ -186,11 +190,18 @@ class SharedCache:
             self._users.add(user)
 
     def _fresh(self) -> Table:
+        """A new table of the cache: a copy of the vocab table with room for the whole limit
+        (rehashed into more slots if the vocab table has not the room, as with the default
+        `cache_size`), so that the cache never grows before it starts again. A cache that first
+        had the vocab table's room (146k pre-tokens with GPT-2's) grew into 32 MB of new slots
+        in the scale corpus's second batch of 15 MB, where memory the system had not given a
+        process for a while made that 9-150 ms: that batch ran at 91-174 MB/s in 4 runs of
+        `bench_encode.py /tmp/scale_1G.txt --max-bytes 200M --tools nbbpe,gigatoken --threads
+        1 --repeat 3`, at 214-221 with its table made so when the tokenizer first encodes."""
         if self.limit == 0:  # learns nothing: share the vocab table itself
             return self.vocab
         vocab = self.vocab
-        room = min(self.limit, max(vocab.max_entries - int(vocab.fill[1]), CACHE_FIRST_ROOM))
-        return _copy(vocab, int(vocab.fill[1]) + room, len(vocab.records) + 8 * room)
+        return _copy(vocab, int(vocab.fill[1]) + self.limit, len(vocab.records) + 8 * self.limit)
 
     def make_room(self, full: Table, user=None) -> None:
         """Called when `full`, the table a kernel had, `is_full`: quadruple its room (each
