@@ -1039,6 +1039,9 @@ class _Engine(NamedTuple):
                                                  token_ids[regular], t._byte_ids, t.n_vocab)
             vocab_table = encode.build_vocab_table(t._token_bytes, t._token_offsets,
                                                    token_ids[regular], ranks)
+            # (its first table is rehashed from the vocab table: on a first run, `_rehash`
+            # compiles here, 0.4-0.6 s, while the encode kernel compiles elsewhere)
+            cache = encode.SharedCache(vocab_table, t._cache_size)
             if elsewhere.running():  # this process would only wait (~1 s on the README's job):
                 compile_utf8_check()  # files are read through; compiled after it, 0.3 s more
         documents = None
@@ -1047,8 +1050,7 @@ class _Engine(NamedTuple):
             documents = encode.DocumentEncoder(kernel, class_table, specials, ranks, vocab_table,
                                                t.n_vocab)
         encode.load_rare_kernels(ranks, vocab_table)
-        return cls(ranks, vocab_table, specials, documents,
-                   encode.SharedCache(vocab_table, t._cache_size))
+        return cls(ranks, vocab_table, specials, documents, cache)
 
     def run_pieces(self, data, offsets, special_slots, special_ids, state):
         from .encode import run_piece_encoder
