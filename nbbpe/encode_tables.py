@@ -243,7 +243,7 @@ class SharedCache:
         """A fresh cache in `full`'s memory, which no kernel reads meanwhile: its slots
         emptied and the vocab table put in them again. New memory costs page faults, and
         memory the system has not given a process for a while is slow to touch on this
-        project's VM (a new table of 32 MB took 9-150 ms): in place, 7.6-7.8 ms (32 MB of
+        project's VM (a new table of 32 MB took 9-150 ms): in place, 6.3-7.8 ms (32 MB of
         slots, the scale corpus, one thread)."""
         full.slots[:] = 0
         table = full._replace(fill=_new_fill(), learns=True)

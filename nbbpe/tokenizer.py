@@ -70,11 +70,11 @@ _MAX_ID = (1 << 31) - 1  # ids are int32 in the kernels
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
 _NO_IDS = np.zeros(0, dtype=np.int32)
 # Encoded pre-tokens a tokenizer's cache learns at most, then it starts again (`SharedCache`): its
-# table, made when the tokenizer first encodes, has 1M slots, 32 MB. The first 200 MB of the 1 GB scale corpus (many unique words:
-# ~730,000 pre-tokens learned), one call per document on one thread, 5 alternated processes
-# each, median MB/s: 2**20 (the table grown to 2M slots, 64 MB, never started again) 151.3,
-# 2**19 183.6, 2**18 178.8, 2**17 173.9 (each cache growing from 146k pre-tokens then). The
-# shared corpora learn far fewer (web_5M 39k).
+# table, made when the tokenizer first encodes, has 1M slots, 32 MB. The first 200 MB of the 1 GB
+# scale corpus (many unique words: ~730,000 pre-tokens learned), one call per document on one
+# thread, 5 alternated processes each, median MB/s: 2**20 (the table grown to 2M slots, 64 MB,
+# never started again) 151.3, 2**19 183.6, 2**18 178.8, 2**17 173.9 (each cache growing from
+# 146k pre-tokens then). The shared corpora learn far fewer (web_5M 39k).
 CACHE_SIZE = 1 << 19
 # Characters below which a batch is not worth a second thread: 2 threads against 1, TinyStories'
 # and web_5M's first documents, medians of 9 alternated rounds in one process: 0.63 and 0.76x
