@@ -203,7 +203,7 @@ class SharedCache:
         vocab = self.vocab
         return _copy(vocab, int(vocab.fill[1]) + self.limit, len(vocab.records) + 8 * self.limit)
 
-    def make_room(self, full: Table, user=None) -> None:
+    def make_room(self, full: Table, user) -> None:
         """Called when `full`, the table a kernel had, `is_full`: quadruple its room (each
         growth rehashes it all), up to the limit; then start again: in `full`'s own memory if
         `user` (the caller's state) is the cache's only one (`_start_again_in`), else in new
@@ -222,7 +222,7 @@ class SharedCache:
             learned = int(full.fill[1] - self.vocab.fill[1])
             again = learned >= self.limit
             # (`attach` takes the lock: no thread comes between this and the stand-in)
-            in_place = again and user is not None and set(self._users) == {user}
+            in_place = again and set(self._users) == {user}
             self.table = meanwhile = _read_only(self.vocab if in_place else full)
         table = full  # if growing fails: every thread finds it full again, and tries again
         try:
