@@ -27,13 +27,15 @@ A slot is four int64, `[k0, k1, meta, ext]`, so two share a 64-byte cache line:
   compares no bytes elsewhere;
 - a longer one is keyed by two hashes of its bytes (k0, k1), with the length byte `LONG`; its
   bytes are kept in a record and compared on a match (longer pre-tokens are rare);
-- `meta` = length byte | count << 8 | first id << 10, `count` being how many ids are in the
-  slot (1 to 3; the second and third in `ext`, 32 bits each). Count 0: the ids are in a record
-  at `ext` (more than three ids, or a long key): [number of ids, ids..., then for a long key:
-  its length, its bytes four per item (`_key_items`)].
+- `meta` = length byte | count << 8 | first id << 11 | second id << 32, `count` being how
+  many ids are in the slot (1 to `INLINE_IDS`, each below 2**`ID_BITS`; the third to fifth in
+  `ext`, `ID_BITS` each). Count 0: the ids are in a record at `ext` (more ids, a larger one,
+  or a long key): [number of ids, ids..., then for a long key: its length, its bytes four per
+  item (`_key_items`)].
 
-About 98% of pre-tokens encode to at most three ids, so a hit is one cache line and nothing
-else. `meta` is 0 for an empty slot, `BUSY` for one being written.
+About 98% of the pre-tokens of web text encode to at most three ids, and of text whose words
+are not the vocab's (the scale corpus's rotated words) 93% to at most five: a hit is one cache
+line and nothing else. `meta` is 0 for an empty slot, `BUSY` for one being written.
 """
 
 from __future__ import annotations
@@ -54,11 +56,13 @@ from .kernel_args import array_at
 from .scanners.classes import item_pointer, load_upto8, uindex
 
 MAX_SHORT = 16  # pre-tokens up to this many bytes are their own key
-SPARE_IDS = 2  # items `copy_short_ids` may write past a pre-token's ids
+INLINE_IDS = 5  # ids a slot holds itself (see the module docstring)
+ID_BITS = 21  # of each of them: ids below 2**21 (every vocab's but the largest)
+_ID_MASK = np.int64((1 << ID_BITS) - 1)
+SPARE_IDS = INLINE_IDS - 1  # items `copy_short_ids` may write past a pre-token's ids
 LONG = np.int64(255)  # the length byte of a hashed key
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
 _MIX = np.uint64(0xC2B2AE3D27D4EB4F)
-_LOW32 = np.int64(0xFFFFFFFF)
 # `meta` of a slot claimed but not yet published: its length byte (0) and count-and-flag bits
 # match no key's, so lookups pass over it.
 BUSY = np.int64(512)
@@ -486,15 +490,24 @@ def copy_short_ids(table, h, k0, k1, tag, out, w):
             return -1 - s
         if ((meta & 255) == tag and load_after(slots, 4 * s, meta) == k0
                 and load_after(slots, 4 * s + 1, meta) == k1):
-            count = (meta >> 8) & 3
+            count = (meta >> 8) & 7
             ext = load_after(slots, 4 * s + 3, meta)
-            if count == 0:  # more than three ids: in a record, written before `meta` too
+            if count == 0:  # in a record, written before `meta` too
                 return _copy_record_ids(table.records, ext, out, w)
-            out[uindex(w)] = np.int32(meta >> 10)
-            out[uindex(w + 1)] = np.int32(ext & _LOW32)
-            out[uindex(w + 2)] = np.int32(ext >> 32)
+            _write_inline_ids(meta, ext, out, w)
             return count
         s = (s + 1) & mask
+
+
+@njit(inline="always")
+def _write_inline_ids(meta, ext, out, w):
+    """Write the `INLINE_IDS` id fields of a slot's `meta` and `ext` to out[w:], whatever
+    its count (the fields past it are 0)."""
+    out[uindex(w)] = np.int32((meta >> 11) & _ID_MASK)
+    out[uindex(w + 1)] = np.int32((meta >> 32) & _ID_MASK)
+    out[uindex(w + 2)] = np.int32(ext & _ID_MASK)
+    out[uindex(w + 3)] = np.int32((ext >> ID_BITS) & _ID_MASK)
+    out[uindex(w + 4)] = np.int32((ext >> (2 * ID_BITS)) & _ID_MASK)
 
 
 @njit(inline="always")
@@ -511,15 +524,20 @@ def copy_ids(table, s, out, w):
     """Write the ids stored at slot s to out[w:]; return how many."""
     meta = table.slots[4 * s + 2]
     ext = table.slots[4 * s + 3]
-    count = (meta >> 8) & 3
+    count = (meta >> 8) & 7
     if count == 0:
         return _copy_record_ids(table.records, ext, out, w)
-    out[w] = np.int32(meta >> 10)
-    if count > 1:
-        out[w + 1] = np.int32(ext & _LOW32)
-        if count > 2:
-            out[w + 2] = np.int32(ext >> 32)
+    for k in range(count):  # (no more than `count`: the caller's `out` may have no spare)
+        out[w + k] = np.int32(inline_id(meta, ext, k))
     return count
+
+
+@njit(inline="always")
+def inline_id(meta, ext, k):
+    """Id k (0 to `INLINE_IDS` - 1) of a slot whose ids it holds itself."""
+    if k < 2:
+        return (meta >> (11 + ID_BITS * k)) & _ID_MASK
+    return (ext >> (ID_BITS * (k - 2))) & _ID_MASK
 
 
 # A thread's own items (`store`'s `own`, in its scratch space): the entries it stored and has
@@ -566,17 +584,20 @@ def store(table, s, k0, k1, tag, buf, start, length, ids, w, m, own):
     slots = table.slots
     records = table.records
     fill = table.fill
-    inline = tag != LONG and m <= 3
+    inline = tag != LONG and m <= INLINE_IDS
+    for i in range(m if inline else 0):
+        inline = inline and ids[w + i] <= _ID_MASK
     if fill[1] >= table.max_entries:
         return False
     ext = np.int64(0)
     meta = tag
     if inline:
-        meta = tag | (m << 8) | (np.int64(ids[w]) << 10)
-        if m > 1:
-            ext = np.int64(ids[w + 1])
-            if m > 2:
-                ext |= np.int64(ids[w + 2]) << 32
+        meta = tag | (m << 8)
+        for i in range(m):
+            if i < 2:
+                meta |= np.int64(ids[w + i]) << (11 + ID_BITS * i)
+            else:
+                ext |= np.int64(ids[w + i]) << (ID_BITS * (i - 2))
     else:
         ext = _claim_records(table, 1 + m + (1 + _key_items(length) if tag == LONG else 0),
                              own)

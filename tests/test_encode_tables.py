@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from numba import njit
 
-from nbbpe.encode_tables import (BUSY, ENTRY_BATCH, MAX_SHORT, OWN_ITEMS, OWN_PENDING,
-                                  RECORD_RUN, SPARE_IDS, _rehash, _same_bytes, copy_ids,
-                                  copy_short_ids, count_entries, count_entry, lookup, new_table,
-                                  store)
+from nbbpe.encode_tables import (BUSY, ENTRY_BATCH, ID_BITS, INLINE_IDS, MAX_SHORT, OWN_ITEMS,
+                                  OWN_PENDING, RECORD_RUN, SPARE_IDS, _rehash, _same_bytes,
+                                  copy_ids, copy_short_ids, count_entries, count_entry, lookup,
+                                  new_table, store)
 
 THREADS = 4
 
@@ -122,6 +122,47 @@ def test_the_encode_loops_search_ends_where_find_does():
     table = new_table(n, 64, 60 * n)._replace(learns=True)
     assert store_all(table, buf, offsets, np.arange(0, n, 2), np.empty(8, np.int32)) == 0
     assert check_all(table, buf, offsets, np.empty(16, np.int32), np.empty(16, np.int32)) == n // 2
+
+
+@njit
+def store_one(table, buf, ids, own):
+    """Store the whole of `buf` with `ids` (absent from `table`); whether it had room."""
+    s, k0, k1, tag, _ = lookup(table, buf, 0, buf.shape[0])
+    return store(table, -1 - s, k0, k1, tag, buf, 0, buf.shape[0], ids, 0, ids.shape[0], own)
+
+
+@njit
+def ids_found(table, buf, out):
+    """(ids by `copy_ids`, ids by the encode loop's `copy_short_ids`) of the whole of `buf`."""
+    s, k0, k1, tag, h = lookup(table, buf, 0, buf.shape[0])
+    n = copy_ids(table, s, out, 0)
+    first = out[:n].copy()
+    out[:] = -1
+    m = copy_short_ids(table, h, k0, k1, tag, out, 0)
+    return first, out[:m].copy()
+
+
+def test_a_slot_holds_up_to_five_ids_below_two_to_the_21st_and_a_record_the_rest():
+    # A hit on a pre-token of at most `INLINE_IDS` ids, each below 2**ID_BITS, reads its slot
+    # and nothing else; more ids, or a larger one, go to a record. Both read back the same.
+    largest = (1 << ID_BITS) - 1
+    inline = [[7], [largest, 0], [1, 2, 3], [largest] * 4, [5, largest, 0, 9, largest - 1]]
+    assert max(map(len, inline)) == INLINE_IDS
+    in_records = [[1, 2, 3, 4, 5, 6], [largest + 1], [3, 1 << 30], [largest] * 9]
+    table = new_table(64, 64, 4096)._replace(learns=True)
+    own = np.zeros(OWN_ITEMS, np.int64)
+    out = np.empty(16 + SPARE_IDS, np.int32)
+    keys = {}
+    for k, ids in enumerate(inline + in_records):
+        if k == len(inline):
+            assert table.fill[0] == 0  # no record taken so far
+        key = np.frombuffer(f"key{k}".encode(), dtype=np.uint8)
+        assert store_one(table, key, np.array(ids, np.int32), own)
+        keys[k] = (key, ids)
+    assert table.fill[0] > 0
+    for key, ids in keys.values():
+        by_copy, by_loop = ids_found(table, key, out)
+        assert by_copy.tolist() == ids and by_loop.tolist() == ids
 
 
 def test_growing_while_threads_store_copies_only_whole_entries():
