@@ -59,7 +59,7 @@ MAX_SHORT = 16  # pre-tokens up to this many bytes are their own key
 INLINE_IDS = 5  # ids a slot holds itself (see the module docstring)
 ID_BITS = 21  # of each of them: ids below 2**21 (every vocab's but the largest)
 _ID_MASK = np.int64((1 << ID_BITS) - 1)
-SPARE_IDS = INLINE_IDS - 1  # items `copy_short_ids` may write past a pre-token's ids
+SPARE_IDS = 2  # items `copy_short_ids` may write past a pre-token's ids
 LONG = np.int64(255)  # the length byte of a hashed key
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
 _MIX = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -476,8 +476,9 @@ def copy_short_ids(table, h, k0, k1, tag, out, w):
     `find` does (a hint for `store`, which takes the next empty slot if another thread has taken
     that one since).
 
-    A slot's three ids are written whatever their number, so `out` needs `SPARE_IDS` more items
-    than the pre-token has bytes: how many ids a pre-token has changes from one to the next, and
+    A slot's first three id fields are written whatever its number of ids (the fourth and
+    fifth only if it has them), so `out` needs `SPARE_IDS` more items than the pre-token has
+    bytes: how many ids a pre-token has changes from one to the next, and
     branches on it were mispredicted often (on text of many two- to three-id pre-tokens this
     loop took 211 ms where it now takes 151). Like `find`, it reads a slot's `meta` before its
     key and ids (`load_after`)."""
@@ -494,20 +495,21 @@ def copy_short_ids(table, h, k0, k1, tag, out, w):
             ext = load_after(slots, 4 * s + 3, meta)
             if count == 0:  # in a record, written before `meta` too
                 return _copy_record_ids(table.records, ext, out, w)
-            _write_inline_ids(meta, ext, out, w)
+            _write_inline_ids(meta, ext, out, w, count)
             return count
         s = (s + 1) & mask
 
 
 @njit(inline="always")
-def _write_inline_ids(meta, ext, out, w):
-    """Write the `INLINE_IDS` id fields of a slot's `meta` and `ext` to out[w:], whatever
-    its count (the fields past it are 0)."""
+def _write_inline_ids(meta, ext, out, w, count):
+    """Write the `count` ids a slot's `meta` and `ext` hold to out[w:]: the first three
+    fields whatever the count (the fields past it are 0), the other two if it has them."""
     out[uindex(w)] = np.int32((meta >> 11) & _ID_MASK)
-    out[uindex(w + 1)] = np.int32((meta >> 32) & _ID_MASK)
+    out[uindex(w + 1)] = np.int32(meta >> 32)  # (bits 53-63 are 0)
     out[uindex(w + 2)] = np.int32(ext & _ID_MASK)
-    out[uindex(w + 3)] = np.int32((ext >> ID_BITS) & _ID_MASK)
-    out[uindex(w + 4)] = np.int32((ext >> (2 * ID_BITS)) & _ID_MASK)
+    if count > 3:
+        out[uindex(w + 3)] = np.int32((ext >> ID_BITS) & _ID_MASK)
+        out[uindex(w + 4)] = np.int32(ext >> (2 * ID_BITS))  # (bit 63 is 0)
 
 
 @njit(inline="always")
