@@ -70,6 +70,7 @@ from .encode_tables import (
     count_entry,
     find,
     home,
+    inline_count,
     inline_id,
     is_full,
     key_of,
@@ -1496,7 +1497,7 @@ def _token_id(buf, start, end, byte_ids, vocab):
     if s < 0:
         return -1
     meta = vocab.slots[4 * s + 2]
-    if (meta >> 8) & 7 == 1:
+    if inline_count(meta) == 1:
         return inline_id(meta, 0, 0)
     return np.int64(vocab.records[vocab.slots[4 * s + 3] + 1])  # a long token: [1, its id, ...]
 

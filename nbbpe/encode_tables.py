@@ -57,8 +57,9 @@ from .scanners.classes import item_pointer, load_upto8, uindex
 
 MAX_SHORT = 16  # pre-tokens up to this many bytes are their own key
 INLINE_IDS = 5  # ids a slot holds itself (see the module docstring)
-ID_BITS = 21  # of each of them: ids below 2**21 (every vocab's but the largest)
+ID_BITS = 21  # of each of them: ids below 2**21 (2M, more than any vocab in use has)
 _ID_MASK = np.int64((1 << ID_BITS) - 1)
+_FIRST_ID_AT = 11  # `meta`'s bits: the length byte, the count (3 bits), then two ids
 SPARE_IDS = 2  # items `copy_short_ids` may write past a pre-token's ids
 LONG = np.int64(255)  # the length byte of a hashed key
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
@@ -491,7 +492,7 @@ def copy_short_ids(table, h, k0, k1, tag, out, w):
             return -1 - s
         if ((meta & 255) == tag and load_after(slots, 4 * s, meta) == k0
                 and load_after(slots, 4 * s + 1, meta) == k1):
-            count = (meta >> 8) & 7
+            count = inline_count(meta)
             ext = load_after(slots, 4 * s + 3, meta)
             if count == 0:  # in a record, written before `meta` too
                 return _copy_record_ids(table.records, ext, out, w)
@@ -504,7 +505,7 @@ def copy_short_ids(table, h, k0, k1, tag, out, w):
 def _write_inline_ids(meta, ext, out, w, count):
     """Write the `count` ids a slot's `meta` and `ext` hold to out[w:]: the first three
     fields whatever the count (the fields past it are 0), the other two if it has them."""
-    out[uindex(w)] = np.int32((meta >> 11) & _ID_MASK)
+    out[uindex(w)] = np.int32((meta >> _FIRST_ID_AT) & _ID_MASK)
     out[uindex(w + 1)] = np.int32(meta >> 32)  # (bits 53-63 are 0)
     out[uindex(w + 2)] = np.int32(ext & _ID_MASK)
     if count > 3:
@@ -526,7 +527,7 @@ def copy_ids(table, s, out, w):
     """Write the ids stored at slot s to out[w:]; return how many."""
     meta = table.slots[4 * s + 2]
     ext = table.slots[4 * s + 3]
-    count = (meta >> 8) & 7
+    count = inline_count(meta)
     if count == 0:
         return _copy_record_ids(table.records, ext, out, w)
     for k in range(count):  # (no more than `count`: the caller's `out` may have no spare)
@@ -535,10 +536,16 @@ def copy_ids(table, s, out, w):
 
 
 @njit(inline="always")
+def inline_count(meta):
+    """How many ids a slot holds itself, by its `meta` (0: they are in a record)."""
+    return (meta >> 8) & 7
+
+
+@njit(inline="always")
 def inline_id(meta, ext, k):
     """Id k (0 to `INLINE_IDS` - 1) of a slot whose ids it holds itself."""
     if k < 2:
-        return (meta >> (11 + ID_BITS * k)) & _ID_MASK
+        return (meta >> (_FIRST_ID_AT + ID_BITS * k)) & _ID_MASK
     return (ext >> (ID_BITS * (k - 2))) & _ID_MASK
 
 
@@ -597,7 +604,7 @@ def store(table, s, k0, k1, tag, buf, start, length, ids, w, m, own):
         meta = tag | (m << 8)
         for i in range(m):
             if i < 2:
-                meta |= np.int64(ids[w + i]) << (11 + ID_BITS * i)
+                meta |= np.int64(ids[w + i]) << (_FIRST_ID_AT + ID_BITS * i)
             else:
                 ext |= np.int64(ids[w + i]) << (ID_BITS * (i - 2))
     else:
