@@ -505,12 +505,12 @@ def copy_short_ids(table, h, k0, k1, tag, out, w):
 def _write_inline_ids(meta, ext, out, w, count):
     """Write the `count` ids a slot's `meta` and `ext` hold to out[w:]: the first three
     fields whatever the count (the fields past it are 0), the other two if it has them."""
-    out[uindex(w)] = np.int32((meta >> _FIRST_ID_AT) & _ID_MASK)
-    out[uindex(w + 1)] = np.int32(meta >> 32)  # (bits 53-63 are 0)
-    out[uindex(w + 2)] = np.int32(ext & _ID_MASK)
+    out[uindex(w)] = np.int32(inline_id(meta, ext, 0))  # (each a shift and a mask)
+    out[uindex(w + 1)] = np.int32(inline_id(meta, ext, 1))
+    out[uindex(w + 2)] = np.int32(inline_id(meta, ext, 2))
     if count > 3:
-        out[uindex(w + 3)] = np.int32((ext >> ID_BITS) & _ID_MASK)
-        out[uindex(w + 4)] = np.int32(ext >> (2 * ID_BITS))  # (bit 63 is 0)
+        out[uindex(w + 3)] = np.int32(inline_id(meta, ext, 3))
+        out[uindex(w + 4)] = np.int32(inline_id(meta, ext, 4))
 
 
 @njit(inline="always")
