@@ -209,11 +209,13 @@ class SharedCache:
         return _copy(vocab, int(vocab.fill[1]) + self.limit, len(vocab.records) + 8 * self.limit)
 
     def make_room(self, full: Table, user) -> None:
-        """Called when `full`, the table a kernel had, `is_full`: quadruple its room (each
-        growth rehashes it all), up to the limit; then start again: in `full`'s own memory if
-        `user` (the caller's state) is the cache's only one (`_start_again_in`), else in new
-        memory. If another thread has already replaced it, there is nothing to do: the caller
-        takes up `table` again.
+        """Called when `full`, the table a kernel had, `is_full`. Once it has learned `limit`
+        pre-tokens, start again: in `full`'s own memory if `user` (the caller's state) is the
+        cache's only one (`_start_again_in`), else in new memory. Before that (its records ran
+        out first, as `_fresh` gives it room for the whole limit): grow into a new table with
+        four times the records and room for four times the pre-tokens learned, up to the limit
+        (rehashing it all). If another thread has already replaced it, there is nothing to do:
+        the caller takes up `table` again.
 
         Meanwhile `table` is a stand-in read only (`_read_only`), so that the other threads go
         on encoding, learning nothing, rather than wait on the lock: in 2-thread batches over
