@@ -23,7 +23,6 @@ meets it, and `encode_batch` spreads a batch over threads.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import io
 import mmap
@@ -1233,39 +1232,31 @@ def _run_groups(threads: int, encode, groups: list, dtype, done=None) -> list:
     return results
 
 
-_PAGE = mmap.PAGESIZE
-
-
-def _small_pages(array: np.ndarray) -> None:
-    """Ask the system (Linux) to back `array`'s fresh memory with its small pages, not huge ones.
-    NumPy asks for huge pages for arrays of 4 MB and more; where free memory is fragmented (as
-    after other processes ran), the first write into each 2 MB could wait 2-6 ms for the
-    kernel to compact memory, in a quarter of 2-thread batches. Measured with a fastokens
-    batch process run before each (alternated with the commit before): web_5M 18.87 against
-    20.05 ms (10 pairs); TinyStories 9.19 against 9.86 on average, the slowest quarter from
-    12.09 ms down to 9.69 (20 pairs), though its median went from 8.65 to 9.01; multi_1M
-    9.86 against 9.54, the slowest 12.06 against 13.37. Small pages cost ~0.3 ms more of page
-    faults when huge ones come free. Nothing is asked where the call is not known."""
-    advise = _madvise()
-    if advise is None or array.nbytes < 2 * _PAGE:
-        return
-    start = -(-array.ctypes.data // _PAGE) * _PAGE  # the whole pages inside the array
-    end = (array.ctypes.data + array.nbytes) // _PAGE * _PAGE
-    advise(start, end - start, mmap.MADV_NOHUGEPAGE)  # advice only: its result is not needed
-
-
-@functools.cache
-def _madvise():
-    """libc's madvise(address, length, advice), or None where there is no MADV_NOHUGEPAGE."""
-    if not hasattr(mmap, "MADV_NOHUGEPAGE"):
-        return None
+def _small_page_block(nbytes: int) -> np.ndarray:
+    """uint8[nbytes] in a mapping of its own, which the system (Linux) is asked to back with its
+    small pages, not huge ones. A NumPy array of 4 MB and more asks for huge pages; where free
+    memory is fragmented (as after other processes ran), the first write into each 2 MB could
+    wait 2-6 ms for the kernel to compact memory, in a quarter of 2-thread batches. Measured
+    with a fastokens batch process run before each (alternated with the commit before): web_5M
+    18.87 against 20.05 ms (10 pairs); TinyStories 9.19 against 9.86 on average, the slowest
+    quarter from 12.09 ms down to 9.69 (20 pairs), though its median went from 8.65 to 9.01;
+    multi_1M 9.86 against 9.54, the slowest 12.06 against 13.37. Small pages cost ~0.3 ms more
+    of page faults when huge ones come free. An `mmap` of its own rather than a NumPy array
+    advised through ctypes: loading libc's madvise and reading the array's address through
+    `ndarray.ctypes` took ~0.1 ms of a process's first batch. MemoryError if the system gives
+    no such mapping."""
+    # private: the default, shared, memory is the system's shmem, whose faults cost more
+    private = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS") else {}
     try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    madvise.restype = ctypes.c_int
-    return madvise
+        block = mmap.mmap(-1, max(nbytes, 1), **private)
+    except OSError as error:  # (ENOMEM: more address space than the system gives)
+        raise MemoryError(f"no mapping of {nbytes} bytes for a batch's ids: {error}") from error
+    if hasattr(mmap, "MADV_NOHUGEPAGE") and hasattr(block, "madvise"):
+        try:
+            block.madvise(mmap.MADV_NOHUGEPAGE)
+        except OSError:  # advice only
+            pass
+    return np.frombuffer(block, dtype=np.uint8)
 
 
 class _JoinedIds:
@@ -1371,12 +1362,11 @@ class _ResultLease:
         except IndexError:
             block = None
         if block is None or len(block) < nbytes:
-            block = np.empty(nbytes + nbytes // 4, dtype=np.uint8)  # (the spare is let go of)
-            _small_pages(block)
+            block = _small_page_block(nbytes + nbytes // 4)  # (the spare is let go of)
             written = 0
         self._block = block
         self._written = written  # bytes of the block written so far, at most
-        self.__array_interface__ = {"data": (block.ctypes.data, False), "shape": (nbytes,),
+        self.__array_interface__ = {"data": (block.__array_interface__["data"][0], False), "shape": (nbytes,),
                                     "typestr": "|u1", "version": 3}
 
     def written(self, nbytes: int) -> None:

@@ -1218,11 +1218,11 @@ def _vm_flags(address: int) -> list[str]:
 def test_a_batchs_result_is_on_small_pages(gpt2):
     # NumPy asks for huge pages for arrays of 4 MB and more, and where free memory is
     # fragmented the first write into each 2 MB waited for the kernel to compact memory. The
-    # result a batch's groups are copied into asks for small pages (VmFlags "nh"), all of it
-    # but the pages it shares with other memory; a small NumPy array asks for nothing.
+    # result a batch's groups are copied into is a mapping of its own that asks for small
+    # pages (VmFlags "nh"), all of it; a small NumPy array asks for nothing.
     import mmap
 
-    from nbbpe.tokenizer import _JoinedIds, _small_pages
+    from nbbpe.tokenizer import _JoinedIds, _small_page_block
 
     if not hasattr(mmap, "MADV_NOHUGEPAGE"):
         pytest.skip("this Python's mmap has no MADV_NOHUGEPAGE")
@@ -1230,12 +1230,13 @@ def test_a_batchs_result_is_on_small_pages(gpt2):
     assert "nh" not in _vm_flags(big.ctypes.data + (4 << 20))
     joined = _JoinedIds(4, 5 << 20, np.uint16)  # 10 MB
     ids = joined._ids
-    for at in (mmap.PAGESIZE, ids.nbytes // 2, ids.nbytes - 2 * mmap.PAGESIZE):
+    for at in (0, ids.nbytes // 2, ids.nbytes - 1):
         assert "nh" in _vm_flags(ids.ctypes.data + at), at
-    small = np.empty(100, dtype=np.uint8)
-    _small_pages(small)  # less than two pages: nothing whole to advise, and no error
+    small = _small_page_block(100)  # less than a page: a page of its own, writable
+    assert len(small) == 100 and "nh" in _vm_flags(small.ctypes.data)
+    small[:] = 3
     ids[:] = 7  # the memory is the array's, as before
-    assert int(ids[-1]) == 7
+    assert int(ids[-1]) == 7 and int(small.sum()) == 300
 
 
 # Lengths read by a compiled loop, which knows how CPython holds each str; and in Python, which
