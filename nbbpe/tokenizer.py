@@ -1246,7 +1246,8 @@ def _small_page_block(nbytes: int) -> np.ndarray:
     `ndarray.ctypes` took ~0.1 ms of a process's first batch. MemoryError if the system gives
     no such mapping."""
     # private: the default, shared, memory is the system's shmem, whose faults cost more
-    private = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS") else {}
+    private = ({"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS")
+               else {})
     try:
         block = mmap.mmap(-1, max(nbytes, 1), **private)
     except OSError as error:  # (ENOMEM: more address space than the system gives)
@@ -1366,8 +1367,8 @@ class _ResultLease:
             written = 0
         self._block = block
         self._written = written  # bytes of the block written so far, at most
-        self.__array_interface__ = {"data": (block.__array_interface__["data"][0], False), "shape": (nbytes,),
-                                    "typestr": "|u1", "version": 3}
+        self.__array_interface__ = {"data": (block.__array_interface__["data"][0], False),
+                                    "shape": (nbytes,), "typestr": "|u1", "version": 3}
 
     def written(self, nbytes: int) -> None:
         """The result's ids take its first `nbytes` bytes."""
