@@ -213,9 +213,11 @@ class SharedCache:
         pre-tokens, start again: in `full`'s own memory if `user` (the caller's state) is the
         cache's only one (`_start_again_in`), else in new memory. Before that (its records ran
         out first, as `_fresh` gives it room for the whole limit): grow into a new table with
-        four times the records and room for four times the pre-tokens learned, up to the limit
-        (rehashing it all). If another thread has already replaced it, there is nothing to do:
-        the caller takes up `table` again.
+        four times the records and, as `_fresh`'s, room for the whole limit (rehashing it all;
+        room for four times the pre-tokens learned, as when growing was the usual way, made a
+        cache of long pre-tokens smaller: GPT-2's, 65,536 at most, ran out of records at 9,472
+        and went on with room for 37,888). If another thread has already replaced it, there is
+        nothing to do: the caller takes up `table` again.
 
         Meanwhile `table` is a stand-in read only (`_read_only`), so that the other threads go
         on encoding, learning nothing, rather than wait on the lock: in 2-thread batches over
@@ -238,8 +240,7 @@ class SharedCache:
                 table = self._start_again_in(full) if in_place else self._fresh()
                 table.fill[2] = times + 1
             else:
-                room = min(self.limit, 4 * max(learned, 1))
-                table = new_table(int(self.vocab.fill[1]) + room, full.max_key_len,
+                table = new_table(int(self.vocab.fill[1]) + self.limit, full.max_key_len,
                                   4 * len(full.records))._replace(learns=True)
                 _rehash(full, table)  # read while other threads may still add to it
         finally:

@@ -1492,21 +1492,27 @@ def test_batches_from_many_threads_at_once(gpt2_files, monkeypatch):
 
 
 def test_threads_growing_the_shared_cache_at_once(gpt2_files):
-    # Four threads meet 60,000 new words in different orders: the cache they share fills its
-    # first room (about 48k with GPT-2's vocab) and grows while the others go on storing.
+    # Four threads meet 20,000 new words of 60 to 99 letters in different orders: each takes a
+    # record of ~47 items (its ids and bytes), so the cache they share, which has room for its
+    # whole limit of pre-tokens but 8 record items each, runs out of records first and grows
+    # (four times the records, room for the whole limit still) while the others go on storing.
     from concurrent.futures import ThreadPoolExecutor
 
     rng = np.random.default_rng(7)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    words = [" " + "".join(rng.choice(letters, int(rng.integers(5, 12)))) for _ in range(60_000)]
+    words = [" " + "".join(rng.choice(letters, int(rng.integers(60, 100))))
+             for _ in range(20_000)]
     texts = ["".join(words), "".join(reversed(words)), "".join(words[::2] + words[1::2]),
              "".join(words[1::2] + words[::2])]
-    shared = Tokenizer(*gpt2_files, [EOT])
+    shared = Tokenizer(*gpt2_files, [EOT], cache_size=1 << 16)
     uncached = Tokenizer(*gpt2_files, [EOT], cache_size=0)
+    cache = shared._get_engine().cache
+    first_records = len(cache.table.records)
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(shared.encode_to_numpy, texts))
-    table = shared._get_engine().cache.table
-    assert table.fill[1] - shared._get_engine().vocab_table.fill[1] > 48_000  # it grew
+    assert len(cache.table.records) >= 4 * first_records  # it grew
+    assert int(cache.table.fill[2]) == 0  # and never started again
+    assert cache.table.max_entries - int(cache.vocab.fill[1]) >= cache.limit  # no smaller
     for text, ids in zip(texts, got):
         assert ids.tolist() == uncached.encode(text)
 
