@@ -273,3 +273,21 @@ def test_a_long_key_matches_its_own_bytes_only(length):
     found, *_ = lookup(table, buf, 0, length)
     record = table.slots[4 * found + 3]
     assert not _differing_key_found(table, record, buf, length, np.zeros(length + 16, np.uint8))
+
+
+def test_retiring_a_table_marks_it_stale_and_finds_a_thread_that_reads_it():
+    # `_retire` (before a cache starts again in its table's memory): the table is marked
+    # `STALE`, and a thread reads it if its hazard word (`enter_table`) holds the table's serial.
+    from nbbpe.encode_tables import SERIAL, STALE, _retire
+
+    table = new_table(64, 64, 1 << 12)._replace(learns=True)
+    other = new_table(64, 64, 1 << 12)._replace(learns=True)
+    words = np.zeros(24, dtype=np.int64)  # three threads' hazard words, a cache line apart
+    addresses = words.ctypes.data + 8 * np.array([0, 8, 16], dtype=np.int64)
+    assert not _retire(table.fill, addresses) and table.fill[STALE] == 1
+    assert not _retire(table.fill, addresses[:0])
+    words[8] = other.fill[SERIAL]  # a thread in a kernel reading another table
+    assert not _retire(table.fill, addresses)
+    words[16] = table.fill[SERIAL]
+    assert _retire(table.fill, addresses)
+    assert not _retire(other.fill, addresses[::2])

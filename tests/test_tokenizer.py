@@ -6,6 +6,7 @@ import io
 import itertools
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -421,40 +422,95 @@ def test_a_cache_has_room_for_its_whole_limit_from_the_start(gpt2_files):
         assert cache.table.max_entries <= 3 * len(cache.table.slots) // 16  # probes stay short
 
 
-def test_a_cache_with_one_thread_starts_again_in_its_own_memory(gpt2, gpt2_files):
+@pytest.mark.parametrize("other_thread", [None, "idle", "in a kernel", "leaving a kernel"])
+def test_a_cache_starts_again_in_its_own_memory_unless_another_thread_reads_it(
+        gpt2, gpt2_files, other_thread, monkeypatch):
     # New memory costs page faults (and on this project's VM, memory not given to a process
-    # for a while is slow to touch): a cache that only one thread uses starts again in the
-    # table it had, emptied, with the vocab table put back. With another thread's state it may
-    # be read meanwhile: it starts again in new memory.
+    # for a while is slow to touch): a cache starts again in the table it had, emptied, with
+    # the vocab table put back, unless another thread's kernel may be reading that table after
+    # a short wait: then in new memory. Before a kernel runs, its thread publishes the serial of
+    # the table it reads in its own items (`enter_table`); here the other thread's is written
+    # so before each text, and left there ("in a kernel") or taken back 1 ms later (waited for
+    # up to 1 s here, so that a busy machine does not fail the test).
+    from nbbpe import encode_tables
+    from nbbpe.encode import OWN_AT
+    from nbbpe.encode_tables import OWN_HAZARD, SERIAL
+
+    if other_thread == "leaving a kernel":
+        monkeypatch.setattr(encode_tables, "_READERS_WAIT", 1.0)
+
     words = read("multi_sample.txt")[:30000].split()
     texts = [" ".join(words[k:k + 9]) for k in range(0, len(words), 9)]
     expected = [gpt2.encode(text) for text in texts]
-    for other_thread in (False, True):
-        tokenizer = Tokenizer(*gpt2_files, [EOT], cache_size=40)
-        encoded, release = threading.Event(), threading.Event()
-        helper = threading.Thread(target=lambda: (tokenizer.encode("a word"), encoded.set(),
-                                                  release.wait(20)))
-        if other_thread:  # its state lives as long as the thread
-            helper.start()
-            assert encoded.wait(20)
-        assert [tokenizer.encode(text) for text in texts[:20]] == expected[:20]
-        cache = tokenizer._thread_state().cache
-        slots = cache.table.slots  # (held: new slots cannot be this array)
-        starts, new_slots = int(cache.table.fill[2]), 0
-        for k in range(20, len(texts)):
-            assert tokenizer.encode(texts[k]) == expected[k]
-            if cache.table.fill[2] > starts:
-                starts = int(cache.table.fill[2])
-                new_slots += cache.table.slots is not slots
-                slots = cache.table.slots
-        assert starts > 3  # it started again, many times
-        assert entries_in(cache.table) >= int(cache.vocab.fill[1])  # the vocab table is in it
-        if other_thread:
-            release.set()
-            helper.join()
-            assert new_slots > 3
-        else:
-            assert new_slots == 0
+    tokenizer = Tokenizer(*gpt2_files, [EOT], cache_size=40)
+    encoded, release = threading.Event(), threading.Event()
+    states = []
+    helper = threading.Thread(target=lambda: (tokenizer.encode("a word"),
+                                              states.append(tokenizer._thread_state()),
+                                              encoded.set(), release.wait(20)))
+    if other_thread:  # its state lives as long as the thread
+        helper.start()
+        assert encoded.wait(20)
+    assert [tokenizer.encode(text) for text in texts[:20]] == expected[:20]
+    cache = tokenizer._thread_state().cache
+    slots = cache.table.slots  # (held: new slots cannot be this array)
+    starts, new_slots = int(cache.table.fill[2]), 0
+    first_starts = starts
+    hazard = states[0].scratch[OWN_AT + OWN_HAZARD:][:1] if other_thread else None
+    done = threading.Event()
+
+    def take_back():  # as a kernel that returns ~1 ms after it began
+        while not done.is_set():
+            if hazard[0]:
+                time.sleep(0.001)
+                hazard[0] = 0
+            time.sleep(0.0001)
+
+    leaver = threading.Thread(target=take_back)
+    if other_thread == "leaving a kernel":
+        leaver.start()
+    for k in range(20, len(texts)):
+        if other_thread in ("in a kernel", "leaving a kernel"):
+            hazard[0] = cache.table.fill[SERIAL]
+        assert tokenizer.encode(texts[k]) == expected[k]
+        if cache.table.fill[2] > starts:
+            starts = int(cache.table.fill[2])
+            new_slots += cache.table.slots is not slots
+            slots = cache.table.slots
+    assert starts - first_starts > 3  # it started again, many times
+    assert entries_in(cache.table) >= int(cache.vocab.fill[1])  # the vocab table is in it
+    done.set()
+    if other_thread == "leaving a kernel":
+        leaver.join()
+    if other_thread:
+        assert states[0].hazard_address == address(states[0].scratch) + 8 * (OWN_AT + OWN_HAZARD)
+        release.set()
+        helper.join()
+    if other_thread == "in a kernel":  # (a text learns fewer than 40: one start at most)
+        assert new_slots == starts - first_starts
+    else:
+        assert new_slots == 0
+
+
+def test_the_short_path_given_a_table_another_thread_replaced_takes_up_the_new_one(gpt2_files):
+    # A thread's short path keeps its cache table packed. When another thread replaces the
+    # table (marking it `STALE`, as `SharedCache.make_room` does before it may empty it in
+    # place), the short path does not run the kernel on it, even for a text it holds every
+    # pre-token of (whose kernel would never reach `is_full`): the text goes the long way, with
+    # the new table, which the short path then holds.
+    from nbbpe.encode_tables import STALE
+
+    tokenizer, state = tokenizer_with_short_path(gpt2_files)
+    text = "the same words again and again, the same words"
+    expected = tokenizer.encode(text)
+    assert tokenizer.encode(text) == expected  # (all of them in the cache now)
+    old = state.text_holds[1]
+    assert old is state.cache.table
+    state.cache.table = state.cache._fresh()  # as another thread's `make_room` leaves it
+    old.fill[STALE] = 1
+    assert tokenizer.encode(text) == expected
+    assert state.text_holds[1] is state.cache.table
+    assert int(state.scratch[encode.OWN_AT + encode.OWN_HAZARD]) == 0  # (out of the kernel)
 
 
 def test_a_small_cache_size_still_holds_enough_not_to_copy_the_vocab_table_over_and_over(
@@ -2144,3 +2200,50 @@ def test_the_part_cache_does_not_remember_ids_it_cannot_hold(first_id, data):
                                   scratch, parts)
         assert out[:n].tolist() == expected
     assert len(_part_cache_keys(parts)) == 1  # "ab" -> 5 only
+
+
+def test_a_kernel_is_called_on_a_table_only_while_it_is_published_and_not_replaced(gpt2_files):
+    # Before a kernel runs, its caller publishes the serial of the cache table it reads in the
+    # thread's own items (`enter_table_of`), 0 after (`leave_table_of`); a table marked `STALE`
+    # (replaced, maybe about to be emptied in place) is refused, nothing published. The `regex`
+    # path calls its kernels so too: while a kernel of this thread reads the table, another
+    # thread's `make_room` sees its serial published.
+    from nbbpe.encode_tables import OWN_HAZARD, SERIAL, STALE
+
+    tokenizer = Tokenizer(*gpt2_files, [EOT], pretokenizer="regex")
+    text = "the words of a text, the words"
+    expected = tokenizer.encode(text)
+    state = tokenizer._thread_state()
+    hazard = encode.OWN_AT + OWN_HAZARD
+    table = state.cache.table
+    assert encode.enter_table_of(table, state.scratch)
+    assert state.scratch[hazard] == table.fill[SERIAL] != 0
+    encode.leave_table_of(state.scratch)
+    assert state.scratch[hazard] == 0
+    seen = []
+    real = encode.PIECE_ENCODERS
+    spy = lambda kernel: lambda *args: seen.append(int(state.scratch[hazard])) or kernel(*args)
+    encode.PIECE_ENCODERS = tuple(spy(kernel) for kernel in real)
+    try:
+        state.cache.table = state.cache._fresh()  # as another thread's `make_room` leaves it
+        table.fill[STALE] = 1
+        assert not encode.enter_table_of(table, state.scratch)
+        assert state.scratch[hazard] == 0
+        assert tokenizer.encode(text) == expected
+    finally:
+        encode.PIECE_ENCODERS = real
+    assert seen and set(seen) == {int(state.cache.table.fill[SERIAL])}
+    assert state.scratch[hazard] == 0
+    # the compiled scanners' kernels, called from Python (a text longer than the short path's)
+    tokenizer = Tokenizer(*gpt2_files, [EOT])
+    sample = read("web_sample.txt")
+    long_text = sample * (encode._TEXT_ROOM_GROWS_TO // len(sample) + 1)  # (makes no room)
+    expected = tokenizer.encode(long_text)
+    state = tokenizer._thread_state()
+    documents = tokenizer._get_engine().documents
+    assert len(long_text) > state.text_room and documents._entry is not None
+    seen = []
+    documents._entry = spy(documents._entry)
+    assert tokenizer.encode(long_text) == expected
+    assert seen and set(seen) == {int(state.cache.table.fill[SERIAL])}
+    assert state.scratch[hazard] == 0
