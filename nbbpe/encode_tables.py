@@ -416,17 +416,53 @@ def _int64_array_and_index(array, index) -> bool:
             and isinstance(index, types.Integer))
 
 
-@intrinsic
-def load_acquire(typingctx, array, index):
-    """array[index], read before any read that follows it in the code (an acquire load: a plain
-    load on x86, which the compiler may not move later reads above)."""
-    if not _int64_array_and_index(array, index):
-        return None
+def _atomic_load(ordering: str):
+    """An intrinsic `load(array, index)`: array[index] of an int64 array, as an atomic load
+    of LLVM's `ordering`."""
 
-    def codegen(context, builder, signature, args):
-        return builder.load_atomic(item_pointer(context, builder, signature, args), "acquire", 8)
+    def load(typingctx, array, index):
+        if not _int64_array_and_index(array, index):
+            return None
 
-    return types.int64(array, index), codegen
+        def codegen(context, builder, signature, args):
+            return builder.load_atomic(item_pointer(context, builder, signature, args), ordering, 8)
+
+        return types.int64(array, index), codegen
+
+    load.__name__ = f"load_{ordering}"
+    return intrinsic(load)
+
+
+def _atomic_store(ordering: str):
+    """An intrinsic `store(array, index, value)`: array[index] = value in an int64 array, as an
+    atomic store of LLVM's `ordering`."""
+
+    def store(typingctx, array, index, value):
+        if not _int64_array_and_index(array, index):
+            return None
+
+        def codegen(context, builder, signature, args):
+            value = context.cast(builder, args[2], signature.args[2], types.int64)
+            builder.store_atomic(value, item_pointer(context, builder, signature, args), ordering,
+                                 8)
+            return context.get_dummy_value()
+
+        return types.void(array, index, types.int64), codegen
+
+    store.__name__ = f"store_{ordering}"
+    return intrinsic(store)
+
+
+# array[index], read before any read that follows it in the code (an acquire load: a plain load
+# on x86, which the compiler may not move later reads above)
+load_acquire = _atomic_load("acquire")
+# array[index] = value, written after every write that precedes it in the code (a release
+# store): a reader that sees the value with `load_acquire` sees those writes too
+store_release = _atomic_store("release")
+# the same, in the single total order of sequentially consistent operations (on x86 the store
+# is an `xchg`: later reads wait for it to be seen), for `enter_table` and `_retire`
+load_seq_cst = _atomic_load("seq_cst")
+store_seq_cst = _atomic_store("seq_cst")
 
 
 @intrinsic
@@ -447,48 +483,6 @@ def load_after(typingctx, array, index, earlier):
         return builder.load(address, align=8)
 
     return types.int64(array, index, types.int64), codegen
-
-
-@intrinsic
-def store_release(typingctx, array, index, value):
-    """array[index] = value, written after every write that precedes it in the code (a release
-    store): a reader that sees the value with `load_acquire` sees those writes too."""
-    if not _int64_array_and_index(array, index):
-        return None
-
-    def codegen(context, builder, signature, args):
-        value = context.cast(builder, args[2], signature.args[2], types.int64)
-        builder.store_atomic(value, item_pointer(context, builder, signature, args), "release", 8)
-        return context.get_dummy_value()
-
-    return types.void(array, index, types.int64), codegen
-
-
-@intrinsic
-def store_seq_cst(typingctx, array, index, value):
-    """array[index] = value, in the single total order of sequentially consistent operations
-    (on x86 an `xchg`: later reads wait for it to be seen), for `enter_table` and `_retire`."""
-    if not _int64_array_and_index(array, index):
-        return None
-
-    def codegen(context, builder, signature, args):
-        value = context.cast(builder, args[2], signature.args[2], types.int64)
-        builder.store_atomic(value, item_pointer(context, builder, signature, args), "seq_cst", 8)
-        return context.get_dummy_value()
-
-    return types.void(array, index, types.int64), codegen
-
-
-@intrinsic
-def load_seq_cst(typingctx, array, index):
-    """array[index], read in the single total order of sequentially consistent operations."""
-    if not _int64_array_and_index(array, index):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.load_atomic(item_pointer(context, builder, signature, args), "seq_cst", 8)
-
-    return types.int64(array, index), codegen
 
 
 @intrinsic
