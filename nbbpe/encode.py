@@ -921,7 +921,7 @@ def encode_args(values, table_dtype):
     they are)."""
     return (readonly_array_at(values, TEXT_AT, np.uint8), readonly_array_at(values, 2, table_dtype),
             array_at(values, DOC_ENDS_AT, np.int64), array_at(values, DOC_OUT_ENDS_AT, np.int64),
-            array_at(values, 8, np.int64), array_at(values, OUT_AT, np.int32),
+            array_at(values, SCRATCH_AT, np.int64), array_at(values, OUT_AT, np.int32),
             array_at(values, DOC_ADDRESSES_AT, np.int64), specials_at(values, SPECIALS_AT),
             ranks_at(values, RANKS_AT), table_at(values, CACHE_AT))
 
@@ -931,6 +931,7 @@ def encode_args(values, table_dtype):
 TEXT_AT = 0
 DOC_ENDS_AT = 4
 DOC_OUT_ENDS_AT = 6
+SCRATCH_AT = 8
 OUT_AT = 10
 DOC_ADDRESSES_AT = 12
 SPECIALS_AT = 14
@@ -1127,7 +1128,7 @@ def _encode_text_at(data, n, values):
         values[TEXT_AT] = data
         values[TEXT_AT + 1] = n
     array_at(values, DOC_ENDS_AT, np.int64)[0] = n  # where its only document ends
-    own = own_items(array_at(values, 8, np.int64))  # the scratch space
+    own = own_items(array_at(values, SCRATCH_AT, np.int64))
     if not enter_table(table_at(values, CACHE_AT), own):  # replaced: the long way takes it up
         return -1
     release = n >= values[RELEASE_GIL_FROM_AT]
@@ -1613,6 +1614,19 @@ class ThreadState:
         self.cache.make_room(full, self)
         self.set_text_call(None)  # its arguments hold the old table
 
+    def enter(self, table: Table) -> bool:
+        """Before a kernel runs on `table` (the cache's) in this thread: publish it
+        (`enter_table_of`); if it was replaced meanwhile, False, after `make_room` (then take up
+        the cache's table again)."""
+        if enter_table_of(table, self.scratch):
+            return True
+        self.make_room(table)
+        return False
+
+    def leave(self) -> None:
+        """After the kernel that `enter` was for (`leave_table_of`)."""
+        leave_table_of(self.scratch)
+
     def set_text_call(self, call) -> None:
         """Make `call` the short path's call (None: there is none), bound to `text_args`; the
         tokenizer's own calls for this thread read the values it is bound to from then on."""
@@ -1854,8 +1868,7 @@ class DocumentEncoder:
         while True:
             cache = state.cache.table
             args = self._packed(state, buf, doc_ends, doc_out_ends, out, cache, doc_addresses)
-            if not enter_table_of(cache, state.scratch):  # replaced meanwhile
-                state.make_room(cache)
+            if not state.enter(cache):
                 continue
             try:
                 if self._entry is None:  # the first call: through the dispatcher
@@ -1865,7 +1878,7 @@ class DocumentEncoder:
                 else:
                     w, doc, i, need = self._entry(args.values, separator, total, doc, i)
             finally:
-                leave_table_of(state.scratch)
+                state.leave()
             if doc == n_docs and ids is None:  # the common case: one call did it all
                 return out[:w] if dtype is None else out[:w].astype(dtype)
             if ids is None:  # pages never written are never touched
@@ -1916,14 +1929,13 @@ def run_piece_encoder(mode: int, buf, offsets, special_slots, special_ids, ranks
     k = 0
     while True:
         cache = state.cache.table
-        if not enter_table_of(cache, state.scratch):  # replaced meanwhile
-            state.make_room(cache)
+        if not state.enter(cache):
             continue
         try:
             w, k, need = kernel(buf, offsets, special_slots, special_ids, ranks, cache,
                                 state.scratch, out, k)
         finally:
-            leave_table_of(state.scratch)
+            state.leave()
         parts.append(out[:w].copy())
         if not need:
             break

@@ -292,7 +292,8 @@ _READERS_WAIT = 0.005
 _READERS_POLL = 0.0001
 
 # `Table.fill[STALE]` set: the table is a cache's read-only stand-in (`_read_only`) that has
-# been replaced; `is_full` says so, and the kernels using it return to take up the new one.
+# been replaced, or a table the cache starts again from (`_retire`); `is_full` says so, and the
+# kernels using it return to take up the new one; none is called on it (`enter_table`).
 STALE = 3
 
 
@@ -756,8 +757,8 @@ def count_entry(table, own):
 @njit(cache=True, nogil=True, _nrt=False)
 def is_full(table):
     """Whether a learning cache can take no more (entries, or records for the longest key),
-    or the table is a stand-in that has been replaced (`STALE`, read as another thread sets
-    it): either way, the kernel returns to take up the cache's table."""
+    or the table has been replaced (`STALE`, read as another thread sets it): either way,
+    the kernel returns to take up the cache's table."""
     return load_acquire(table.fill, STALE) != 0 or (
         table.learns and (table.fill[1] >= table.max_entries
                           or table.fill[0] + 4 + 2 * table.max_key_len > table.records.shape[0]))
