@@ -469,22 +469,24 @@ def test_a_cache_starts_again_in_its_own_memory_unless_another_thread_reads_it(
     leaver = threading.Thread(target=take_back)
     if other_thread == "leaving a kernel":
         leaver.start()
-    for k in range(20, len(texts)):
-        if other_thread in ("in a kernel", "leaving a kernel"):
-            hazard[0] = cache.table.fill[SERIAL]
-        assert tokenizer.encode(texts[k]) == expected[k]
-        if cache.table.fill[2] > starts:
-            starts = int(cache.table.fill[2])
-            new_slots += cache.table.slots is not slots
-            slots = cache.table.slots
-    assert starts - first_starts > 3  # it started again, many times
-    assert entries_in(cache.table) >= int(cache.vocab.fill[1])  # the vocab table is in it
-    done.set()
-    if other_thread == "leaving a kernel":
-        leaver.join()
+    try:  # (the threads end even if an assertion fails: the test run must not hang on them)
+        for k in range(20, len(texts)):
+            if other_thread in ("in a kernel", "leaving a kernel"):
+                hazard[0] = cache.table.fill[SERIAL]
+            assert tokenizer.encode(texts[k]) == expected[k]
+            if cache.table.fill[2] > starts:
+                starts = int(cache.table.fill[2])
+                new_slots += cache.table.slots is not slots
+                slots = cache.table.slots
+        assert starts - first_starts > 3  # it started again, many times
+        assert entries_in(cache.table) >= int(cache.vocab.fill[1])  # the vocab table is in it
+    finally:
+        done.set()
+        if other_thread == "leaving a kernel":
+            leaver.join()
+        release.set()
     if other_thread:
         assert states[0].hazard_address == address(states[0].scratch) + 8 * (OWN_AT + OWN_HAZARD)
-        release.set()
         helper.join()
     if other_thread == "in a kernel":  # (a text learns fewer than 40: one start at most)
         assert new_slots == starts - first_starts
