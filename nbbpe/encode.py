@@ -693,6 +693,14 @@ def leave_table_of(scratch):
     leave_table(own_items(scratch))
 
 
+def compile_table_entry(table: Table) -> None:
+    """Compile (or load) `enter_table_of` and `leave_table_of` for the cache's `table`, with a
+    scratch space of their own (no kernel reads the table for it)."""
+    scratch = new_scratch()
+    enter_table_of(table, scratch)
+    leave_table_of(scratch)
+
+
 @njit(inline="always")  # into `_merge_part` and `merge_in_parts`
 def _merge_bytes(merge, buf, start, n, out, at, ranks, pairs):
     """Write the ids of buf[start:start + n], merged by `merge`, to out[at:]; return how many."""

@@ -245,6 +245,24 @@ def test_the_utf8_check_compiled_ahead_is_the_one_text_files_are_checked_with(tm
     assert set(first_invalid_utf8.signatures) == compiled
 
 
+def test_the_table_entry_compiled_ahead_is_the_one_encoding_calls(gpt2_files):
+    # `nbbpe encode`'s first run compiles `enter_table_of` and `leave_table_of` while waiting
+    # for the other process: for the very argument types a tokenizer's kernel calls have, or
+    # they would compile again afterwards
+    from nbbpe import Tokenizer
+    from nbbpe.encode import compile_table_entry, enter_table_of, leave_table_of
+
+    tokenizer = Tokenizer(*gpt2_files, ["<|endoftext|>"])
+    compile_table_entry(tokenizer._get_engine().cache.table)
+    compiled = (set(enter_table_of.signatures), set(leave_table_of.signatures))
+    assert all(compiled)
+    text = "Hello world, once more. " * 50
+    ids = tokenizer.encode_batch_to_numpy([text] * 8, num_threads=2)[0]
+    assert len(ids) == 8 * len(tokenizer.encode(text))
+    tokenizer.encode_to_numpy(text + "<|endoftext|>")
+    assert (set(enter_table_of.signatures), set(leave_table_of.signatures)) == compiled
+
+
 def test_other_packages_numba_extensions_wait_for_other_code(tmp_path):
     # An installed package registering a Numba extension (awkward does: 43 MB and ~0.3 s) is
     # not imported while this package's kernels load; the next compile of other code loads it.
