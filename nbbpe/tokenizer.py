@@ -1206,12 +1206,11 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
 
 def _run_groups(threads: int, encode, groups: list, dtype, done=None) -> list:
     """[encode(group, dtype) for group in groups], on `threads` threads: this one and
-    `threads` - 1 of a pool, each taking the next group when done with one. Not one pool task
-    per group, collected by this thread: each task that ended woke it, and the hand-offs of the
-    GIL between it and two workers sometimes left a worker waiting ~4 ms for it after a kernel
-    call (a first 2-thread batch of TinyStories took 14.0-19.9 ms, now 12.8-13.4 ms). With
-    `done`, each result goes to done(k, result) in the thread that made it instead (the list
-    returned is then all None)."""
+    `threads` - 1 of a pool, each taking the next group when done with one. (Not one pool task
+    per group collected by this thread: each task that ended woke it, and the GIL's hand-offs
+    between it and the workers left a worker waiting up to ~4 ms: PERFORMANCE.md, "From the
+    code's docstrings".) With `done`, each result goes to done(k, result) in the thread that
+    made it instead (the list returned is then all None)."""
     results: list = [None] * len(groups)
     taken = count()  # its __next__ is atomic under the GIL
 
@@ -1237,17 +1236,11 @@ def _run_groups(threads: int, encode, groups: list, dtype, done=None) -> list:
 
 def _small_page_block(nbytes: int) -> np.ndarray:
     """uint8[nbytes] in a mapping of its own, which the system (Linux) is asked to back with its
-    small pages, not huge ones. A NumPy array of 4 MB and more asks for huge pages; where free
-    memory is fragmented (as after other processes ran), the first write into each 2 MB could
-    wait 2-6 ms for the kernel to compact memory, in a quarter of 2-thread batches. Measured
-    with a fastokens batch process run before each (alternated with the commit before): web_5M
-    18.87 against 20.05 ms (10 pairs); TinyStories 9.19 against 9.86 on average, the slowest
-    quarter from 12.09 ms down to 9.69 (20 pairs), though its median went from 8.65 to 9.01;
-    multi_1M 9.86 against 9.54, the slowest 12.06 against 13.37. Small pages cost ~0.3 ms more
-    of page faults when huge ones come free. An `mmap` of its own rather than a NumPy array
-    advised through ctypes: loading libc's madvise and reading the array's address through
-    `ndarray.ctypes` took ~0.1 ms of a process's first batch. MemoryError if the system gives
-    no such mapping."""
+    small pages, not huge ones: a NumPy array of 4 MB and more asks for huge pages, and where free
+    memory is fragmented the first write into each 2 MB could wait 2-6 ms for the kernel to
+    compact memory, in a quarter of 2-thread batches (measured: PERFORMANCE.md, "From the
+    code's docstrings"). An `mmap` of its own, as advising a NumPy array through ctypes cost
+    ~0.1 ms of a first batch. MemoryError if the system gives no such mapping."""
     # private: the default, shared, memory is the system's shmem, whose faults cost more
     private = ({"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS")
                else {})
@@ -1266,22 +1259,12 @@ def _small_page_block(nbytes: int) -> np.ndarray:
 class _JoinedIds:
     """The ids of a batch's groups end to end, each group's (ids, where each of its texts' ids
     end) copied into one array by the thread that encoded it, as soon as every group before it
-    is in (`add`): where the result's memory is fresh, its page faults (~3 us a page on this
-    project's VM: 2.3-2.9 ms for web_5M's ids) then happen while the other threads encode, not
-    all in one thread at the end, as `np.concatenate` of the parts had them. The array has room
-    for `capacity` ids, an upper bound, in memory lent to the result (`_ResultLease`: the
-    memory an earlier result let go of, if it has room); pages never written are never
-    touched, and `result` is a view of the ids written.
-
-    The bound is the most UTF-8 bytes the texts can take (an id a byte at most), not 4 bytes a
-    character: less memory to hold, and before results were lent memory, an array below
-    glibc's mmap threshold (raised, up to 32 MB, by the sizes of freed mapped blocks) reused
-    memory a batch before let go of, where a larger one was mapped afresh each time. 14
-    batches one after another in a process, 2 threads, against a bound 4 times as large,
-    medians of 5 alternated processes: TinyStories 5.48 against 6.28 ms a batch (its result 9.6
-    MB, in the heap), multi_1M 3.76 against 4.07; web_5M 8.68 against 8.40 (18.4 MB, mapped
-    afresh either way). A fresh process's first batch: no different (TinyStories 8.71 against
-    8.70 ms, web_5M 17.32 against 17.80).
+    is in (`add`): the page faults of fresh memory then happen while the other threads encode,
+    not all in one thread at the end. The array has room for `capacity` ids, an upper bound
+    (the most UTF-8 bytes the texts can take: an id a byte at most), in memory lent to the
+    result (`_ResultLease`); pages never written are never touched, and `result` is a view of
+    the ids written. (Measured against `np.concatenate` and a bound of 4 bytes a character:
+    PERFORMANCE.md, "From the code's docstrings".)
     """
 
     def __init__(self, groups: int, capacity: int, dtype):
@@ -1343,20 +1326,13 @@ class _ResultLease:
     """A block of memory lent to one batch's result: the result is a view of it, and NumPy's
     views hold it as their base, so when the last of them goes the block goes to
     `_spare_results` for the next batch, rather than back to the system (the result does not
-    own its memory: `ids.resize` refuses, `np.resize` copies). A result's pages were fresh
-    memory, each faulting in as its ids were written, where one call per text reuses the
-    memory of its small arrays through malloc. Batches one after another, each result let go
-    of before the next, against the commit before (3492217), alternated fresh processes:
-    web_5M in 15 batches a process (`scripts/batch_threads.py --what steady --batches 15`, 5
-    each), the batches after the first 7.79 (7.62-8.04) against 8.57 (8.24-8.97) ms, with 0
-    page faults against 841; TinyStories and multi_1M, whose results malloc already reused, no
-    different (5.35 against 5.53, 3.79 against 3.66); the first batch no different. The first
-    200 MB of the scale corpus, in `bench_encode.py`'s batches of 16 MB, 2 threads (6 each):
-    326 (322-334) against 277 (267-331) MB/s, the same ids, peak RSS 425-453 against 420-455
-    MB. A block is taken again if it has room for the bound asked for; made with a quarter
-    more room than asked, so that a slightly larger batch takes it too. Pages never written
-    are never touched; at most `_KEPT_WRITTEN` bytes written stay with the process once every
-    result is let go of."""
+    own its memory: `ids.resize` refuses, `np.resize` copies). Batch after batch, the ids then
+    go into pages already in memory rather than fresh ones, each of which faults in as it is
+    written (web_5M's batches after the first: 0 page faults against 841, ~9% faster; measured:
+    PERFORMANCE.md, "From the code's docstrings"). A block is taken again if it has room for the
+    bound asked for; made with a quarter more room than asked, so that a slightly larger batch
+    takes it too. Pages never written are never touched; at most `_KEPT_WRITTEN` bytes written
+    stay with the process once every result is let go of."""
 
     __slots__ = ("_block", "_written", "__array_interface__")
 
