@@ -1,6 +1,6 @@
 """Where a 2-thread batch's time goes, and what bounds it: diagnostics for `encode_batch`.
 
-    python scripts/batch_threads.py [CORPUS ...] [--what timeline,bound,idle,steady] [--runs 8]
+    python scripts/batch_threads.py [CORPUS ...] [--what timeline,bound,idle,steady,faults] [--runs 8]
         [--sleep 2] [--batches 15] [--json out.json]
 
 Every run is a fresh process, as in bench_encode.py: GPT-2's files, the tool built and warmed up
@@ -30,6 +30,11 @@ lines cut it), then timed at once. Default corpora: the shared web_5M, multi_1M,
   document on one thread, warm too (the median of all but the first; the documents' strs are
   the same, so a text that is not ASCII has its UTF-8 kept in it by CPython after the first),
   and the batches' speed-up over them.
+- faults: one pass over the documents as bench_encode.py times it, in alternated fresh processes:
+  one call per document on one thread, pinned (the ids kept, as the bench keeps them), one batch
+  with num_threads=1, pinned, and one with num_threads=2: milliseconds, and the process's minor
+  page faults during the pass (fresh memory's pages: the ids of one call per document may take
+  memory malloc got back from the documents' bytes, a batch's result is a block of its own).
 
 Linux only (CPU pinning, /proc/vmstat). PERFORMANCE.md quotes these figures.
 """
@@ -49,7 +54,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_peers  # noqa: E402
 from bench_encode import default_corpora, documents  # noqa: E402
 
-WHATS = ("timeline", "bound", "idle", "steady")
+WHATS = ("timeline", "bound", "idle", "steady", "faults")
+FAULT_KINDS = {"doc": "one call per document, one thread", "batch1": "one batch, num_threads=1",
+               "batch2": "one batch, num_threads=2"}
 _VMSTAT = ("thp_fault_alloc", "compact_stall")
 
 
@@ -212,8 +219,30 @@ def steady(corpus: str, batches: int) -> dict:
             "one_thread_ms": statistics.median(passes[1:])}
 
 
+def faults(kind: str, corpus: str) -> dict:
+    """One pass of `kind` (`FAULT_KINDS`) over the documents, and the minor page faults in it."""
+    import resource
+
+    threads = 2 if kind == "batch2" else 1
+    os.sched_setaffinity(0, {0, 1} if threads == 2 else {0})
+    encoder, tok = build("nbbpe", threads)
+    docs = [d.decode() for d in documents(corpus)]
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t0 = time.perf_counter()
+    if kind == "doc":
+        kept = [encoder.one(doc) for doc in docs]
+    else:
+        kept = tok.encode_batch_to_numpy(docs, num_threads=threads)
+    ms = (time.perf_counter() - t0) * 1e3
+    faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    del kept
+    return {"ms": ms, "faults": faulted}
+
+
 def run_child(spec: dict) -> dict:
     what = spec["what"]
+    if what == "faults":
+        return faults(spec["kind"], spec["corpus"])
     if what == "timeline":
         return timeline(spec["corpus"])
     if what == "bound":
@@ -248,6 +277,8 @@ def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 1
                 specs = [[dict(what="bound", corpus=corpus), dict(what="doc", tool="nbbpe", corpus=corpus)]] * runs
             elif what == "steady":
                 specs = [[dict(what="steady", corpus=corpus, batches=max(2, batches))]] * runs
+            elif what == "faults":
+                specs = [[dict(what="faults", kind=kind, corpus=corpus) for kind in FAULT_KINDS]] * runs
             else:
                 tools = ["nbbpe"] + (["gigatoken"] if have_gigatoken else [])
                 specs = [[dict(what="doc", tool=t, corpus=corpus, sleep=s) for t in tools for s in (0.0, sleep)]] * runs
@@ -257,14 +288,19 @@ def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 1
                 for spec in order:
                     result = spawn(spec)
                     results.append(dict(spec, round=round_, **result))
-                    key = (spec["what"], spec.get("tool", "nbbpe"), spec.get("sleep", 0.0))
+                    key = (spec["what"], spec.get("tool", "nbbpe"), spec.get("sleep", 0.0),
+                           spec.get("kind"))
                     done.setdefault(key, []).append(result)
             log(f"{name} {what} ({runs} fresh processes each):")
-            for (kind, tool, slept), got in done.items():
+            for (kind, tool, slept, fault_kind), got in done.items():
                 label = {"timeline": "2-thread batch", "bound": "two halves at once",
                          "steady": "2-thread batches one after another, the first"}.get(
                     kind, f"{tool}, one call per document" + (f", after {slept:g} s of sleep" if slept else ""))
+                if kind == "faults":
+                    label = FAULT_KINDS[fault_kind]
                 log(f"  {label}: {_range([g['ms'] for g in got])} ms")
+                if kind == "faults":
+                    log(f"    minor page faults: {_range([g['faults'] for g in got])}")
                 if kind == "timeline":
                     for role in ("calling", "pool"):
                         rows = [g["threads"][role] for g in got if role in g["threads"]]
