@@ -235,8 +235,9 @@ def faults(kind: str, corpus: str) -> dict:
         kept = tok.encode_batch_to_numpy(docs, num_threads=threads)
     ms = (time.perf_counter() - t0) * 1e3
     faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-    del kept
-    return {"ms": ms, "faults": faulted}
+    ids = sum(map(len, kept)) if kind == "doc" else len(kept[0])
+    itemsize = kept[0].itemsize if kind != "doc" else (kept[0].itemsize if kept else 0)
+    return {"ms": ms, "faults": faulted, "ids": ids, "itemsize": itemsize}
 
 
 def run_child(spec: dict) -> dict:

@@ -363,6 +363,23 @@ def test_batch_threads_steady_times_batches_one_after_another():
     assert any("one call per document on one thread, warm" in line for line in lines)
 
 
+def test_batch_threads_faults_counts_a_pass_page_faults():
+    # One fresh process per way of encoding the sample, the same ids each way. A 2-thread
+    # batch's result is a block of its own, fresh in a fresh process: each page its ids fill
+    # faults in during the pass.
+    script = load_script("batch_threads")
+    lines = []
+    results = script.measure([str(sample_corpus_path())], ["faults"], runs=1, sleep=0.0,
+                             log=lines.append)
+    by_kind = {r["kind"]: r for r in results}
+    assert set(by_kind) == set(script.FAULT_KINDS) and len(results) == 3
+    assert len({r["ids"] for r in results}) == 1 and results[0]["ids"] > 100_000
+    assert all(r["ms"] > 0 and r["faults"] >= 0 for r in results)
+    two = by_kind["batch2"]
+    assert two["faults"] >= two["ids"] * two["itemsize"] // 4096
+    assert sum("minor page faults" in line for line in lines) == 3
+
+
 def test_batch_threads_bound_fails_on_halves_cut_where_the_ids_change(monkeypatch):
     # The bound's own check: halves cut inside a word give other ids than one call per document.
     script = load_script("batch_threads")
