@@ -236,7 +236,7 @@ def faults(kind: str, corpus: str) -> dict:
     ms = (time.perf_counter() - t0) * 1e3
     faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
     ids = sum(map(len, kept)) if kind == "doc" else len(kept[0])
-    itemsize = kept[0].itemsize if kind != "doc" else (kept[0].itemsize if kept else 0)
+    itemsize = kept[0].itemsize if len(kept) else 0  # (a document's ids, or the batch's)
     return {"ms": ms, "faults": faulted, "ids": ids, "itemsize": itemsize}
 
 
