@@ -611,3 +611,28 @@ def test_machine_scaling_times_each_workload_on_one_and_two_threads(tmp_path, ca
         x = (x * 6364136223846793005 + 1442695040888963407) % 2**64
         total += int(table[(x >> 20) & 1023])
     assert scaling.batched_reads(table, 100, 5, np.empty(32, dtype=np.int64)) == total
+
+
+# --- the soak test ------------------------------------------------------------------------------
+
+
+def test_soak_batches_passes_nbbpe_and_catches_one_wrong_id(capsys):
+    # A short soak on the shipped sample passes; the same soak against a tokenizer whose batches
+    # have one id off reports it (the script's check is what makes a long soak worth running).
+    script = load_script("soak_batches")
+    assert script.main([str(sample_corpus_path()), "--seconds", "1.5", "--seed", "3"]) == 0
+    assert "every text tiktoken's ids" in capsys.readouterr().out
+    tok, reference = script.build("gpt2")
+    corpus = Path(sample_corpus_path()).read_text(encoding="utf-8")
+    real = tok.encode_batch_to_numpy
+
+    def one_off(batch, *, num_threads=None):
+        ids, offsets = real(batch, num_threads=num_threads)
+        ids = ids.copy()
+        if len(ids):
+            ids[len(ids) // 2] ^= 1
+        return ids, offsets
+
+    tok.encode_batch_to_numpy = one_off
+    batches, difference = script.soak(tok, reference, [corpus], seconds=30, seed=3)
+    assert difference is not None and "threads" in difference and batches <= 2
