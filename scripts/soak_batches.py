@@ -28,10 +28,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_encode  # noqa: E402
 import bench_peers  # noqa: E402
 import notebook_support  # noqa: E402
 
-SHARED = ("web_5M.txt", "multi_1M.txt", "tinystories_real.txt")
 PIECES = ("a", " ", "  ", "\n", "\t", "\r\n", "é", "中", "🙂", "'s", "'", "1", "123", "\u00a0",
           "\u2028", "ǅ", "ΣΑΣ", "ŉ", "\u0301", "A\u0301b", "١٢٣", "<|endoftext", "|>", "\ud800",
           "\udfff", "x" * 50, " " * 40)
@@ -95,9 +95,9 @@ def soak(tok, reference, corpora: list[str], seconds: float, seed: int) -> tuple
 
 
 def default_corpora() -> list[str]:
-    directory = notebook_support.shared_corpora_dir()
-    if directory is not None:
-        return [os.path.join(directory, name) for name in SHARED]
+    """The benchmarks' shared corpora (`bench_encode.default_corpora`), else the shipped sample."""
+    if notebook_support.shared_corpora_dir() is not None:
+        return bench_encode.default_corpora()
     from nbbpe.cli import sample_corpus_path
 
     return [sample_corpus_path()]
