@@ -1,7 +1,7 @@
 """Where a 2-thread batch's time goes, and what bounds it: diagnostics for `encode_batch`.
 
-    python scripts/batch_threads.py [CORPUS ...] [--what timeline,bound,idle,steady,faults] [--runs 8]
-        [--sleep 2] [--batches 15] [--json out.json]
+    python scripts/batch_threads.py [CORPUS ...] [--what timeline,bound,halves,idle,steady,faults]
+        [--runs 8] [--sleep 2] [--batches 15] [--json out.json]
 
 Every run is a fresh process, as in bench_encode.py: GPT-2's files, the tool built and warmed up
 (a small batch, or one call per warm-up text), the corpus's documents read (its `<|endoftext|>`
@@ -18,7 +18,11 @@ lines cut it), then timed at once. Default corpora: the shared web_5M, multi_1M,
   made and buffers written beforehand), both released together: the wall time from the first
   start to the last end, and each half's. Against one call per document on one thread, pinned,
   in the same number of fresh processes, alternated. The halves' ids, joined, must equal one
-  call per document's (the run fails otherwise).
+  call per document's (the run fails otherwise). Also each half's page faults (its thread's).
+- halves: the same two halves one after the other, each alone on a thread of its own, the
+  second on the first one's CPU or on the other CPU (alternated fresh processes): each half's
+  time and page faults. What a fresh process pays once, whichever thread runs first, the
+  second half does not pay, on either CPU; two halves at once (bound) each pay it.
 - idle: one call per document on one thread, pinned, right after reading the documents and after
   `--sleep` seconds of sleep, for nbbpe and gigatoken (if installed), alternated: on this
   project's VM, memory not touched for a while is slower to touch again, for every tool.
@@ -54,7 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_peers  # noqa: E402
 from bench_encode import default_corpora, documents  # noqa: E402
 
-WHATS = ("timeline", "bound", "idle", "steady", "faults")
+WHATS = ("timeline", "bound", "halves", "idle", "steady", "faults")
 FAULT_KINDS = {"doc": "one call per document, one thread", "batch1": "one batch, num_threads=1",
                "batch2": "one batch, num_threads=2"}
 _VMSTAT = ("thp_fault_alloc", "compact_stall")
@@ -143,19 +147,17 @@ def timeline(corpus: str) -> dict:
             "vmstat": {k: after[k] - before[k] for k in before}}
 
 
-def bound(corpus: str) -> dict:
-    """Two halves of the corpus's UTF-8, one `encode_utf8` call each, on two threads at once."""
+def halves_of(tok, docs: list[str]) -> list[tuple]:
+    """The documents' UTF-8 in two halves of about equal size, each (bytes, where its documents
+    end) for `encode_utf8`: the document that holds the middle is cut where its ids cannot
+    change."""
     import numpy as np
-
-    os.sched_setaffinity(0, {0, 1})
-    _, tok = build("nbbpe", 2)
-    docs = [d.decode() for d in documents(corpus)]
     from nbbpe.corpus import safe_text_cut
 
     total = sum(map(len, docs))
     halves: list[list[str]] = [[], []]
     seen = 0
-    for doc in docs:  # the document that holds the middle is cut where its ids cannot change
+    for doc in docs:
         if not halves[1] and seen + len(doc) > total // 2:
             at = safe_text_cut(doc, total // 2 - seen, tok.special_tokens, pattern=tok.pattern)
             at = len(doc) if at is None else at
@@ -168,18 +170,39 @@ def bound(corpus: str) -> dict:
     for half in halves:
         data = [text.encode() for text in half]
         made.append((b"".join(data), np.cumsum([len(d) for d in data], dtype=np.int64)))
+    return made
+
+
+def ready_thread(tok, cpu: int) -> None:
+    """This thread on `cpu`, with its state made and its group buffers written."""
+    os.sched_setaffinity(0, {cpu})
+    tok.encode_utf8(b"warm", None)
+    tok._thread_state().ready_for_groups()
+
+
+def bound(corpus: str) -> dict:
+    """Two halves of the corpus's UTF-8, one `encode_utf8` call each, on two threads at once."""
+    import resource
+
+    import numpy as np
+
+    os.sched_setaffinity(0, {0, 1})
+    _, tok = build("nbbpe", 2)
+    docs = [d.decode() for d in documents(corpus)]
+    made = halves_of(tok, docs)
     spans: dict[int, tuple] = {}
     ids: dict[int, np.ndarray] = {}
     start = threading.Barrier(2)
+    faulted = [0, 0]
 
     def half(k):
-        os.sched_setaffinity(0, {k})
-        tok.encode_utf8(b"warm", None)  # this thread's state, then its group buffers written
-        tok._thread_state().ready_for_groups()
+        ready_thread(tok, k)
         start.wait()
+        f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         t0 = time.perf_counter()
         ids[k] = tok.encode_utf8(*made[k])[0]
         spans[k] = (t0, time.perf_counter())
+        faulted[k] = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
 
     workers = [threading.Thread(target=half, args=(k,)) for k in (0, 1)]
     for worker in workers:
@@ -193,7 +216,33 @@ def bound(corpus: str) -> dict:
     first = min(s for s, _ in spans.values())
     last = max(e for _, e in spans.values())
     return {"ms": (last - first) * 1e3, "halves_ms": [(spans[k][1] - spans[k][0]) * 1e3 for k in (0, 1)],
-            "halves_bytes": [len(made[k][0]) for k in (0, 1)]}
+            "halves_bytes": [len(made[k][0]) for k in (0, 1)], "halves_faults": faulted}
+
+
+def halves_in_turn(corpus: str, cpus: tuple[int, int]) -> dict:
+    """The two halves of `bound` one after the other, each alone on a thread of its own pinned
+    to its CPU of `cpus`: what each took and the page faults in it (its thread's own)."""
+    import resource
+
+    os.sched_setaffinity(0, {0, 1})
+    _, tok = build("nbbpe", 2)
+    docs = [d.decode() for d in documents(corpus)]
+    made = halves_of(tok, docs)
+    ms, faulted = [0.0, 0.0], [0, 0]
+
+    def half(k):
+        ready_thread(tok, cpus[k])
+        f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        t0 = time.perf_counter()
+        tok.encode_utf8(*made[k])
+        ms[k] = (time.perf_counter() - t0) * 1e3
+        faulted[k] = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
+
+    for k in (0, 1):
+        worker = threading.Thread(target=half, args=(k,))
+        worker.start()
+        worker.join()
+    return {"ms": sum(ms), "halves_ms": ms, "halves_faults": faulted}
 
 
 def steady(corpus: str, batches: int) -> dict:
@@ -248,6 +297,8 @@ def run_child(spec: dict) -> dict:
         return timeline(spec["corpus"])
     if what == "bound":
         return bound(spec["corpus"])
+    if what == "halves":
+        return halves_in_turn(spec["corpus"], tuple(spec["cpus"]))
     if what == "steady":
         return steady(spec["corpus"], spec["batches"])
     return per_document(spec["tool"], spec["corpus"], spec.get("sleep", 0.0))
@@ -276,6 +327,8 @@ def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 1
                 specs = [[dict(what="timeline", corpus=corpus)]] * runs
             elif what == "bound":
                 specs = [[dict(what="bound", corpus=corpus), dict(what="doc", tool="nbbpe", corpus=corpus)]] * runs
+            elif what == "halves":
+                specs = [[dict(what="halves", corpus=corpus, cpus=cpus) for cpus in ((0, 0), (0, 1))]] * runs
             elif what == "steady":
                 specs = [[dict(what="steady", corpus=corpus, batches=max(2, batches))]] * runs
             elif what == "faults":
@@ -290,15 +343,18 @@ def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 1
                     result = spawn(spec)
                     results.append(dict(spec, round=round_, **result))
                     key = (spec["what"], spec.get("tool", "nbbpe"), spec.get("sleep", 0.0),
-                           spec.get("kind"))
+                           spec.get("kind") or tuple(spec.get("cpus", ())))
                     done.setdefault(key, []).append(result)
             log(f"{name} {what} ({runs} fresh processes each):")
-            for (kind, tool, slept, fault_kind), got in done.items():
+            for (kind, tool, slept, variant), got in done.items():
                 label = {"timeline": "2-thread batch", "bound": "two halves at once",
                          "steady": "2-thread batches one after another, the first"}.get(
                     kind, f"{tool}, one call per document" + (f", after {slept:g} s of sleep" if slept else ""))
                 if kind == "faults":
-                    label = FAULT_KINDS[fault_kind]
+                    label = FAULT_KINDS[variant]
+                if kind == "halves":
+                    label = ("the halves in turn, " + ("both on CPU 0" if variant == (0, 0)
+                                                       else "the second on CPU 1") + ", in all")
                 log(f"  {label}: {_range([g['ms'] for g in got])} ms")
                 if kind == "faults":
                     log(f"    minor page faults: {_range([g['faults'] for g in got])}")
@@ -320,8 +376,13 @@ def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 1
                     log(f"    one call per document on one thread, warm: "
                         f"{_range([g['one_thread_ms'] for g in got])} ms; the batches' speed-up "
                         f"{_range([g['one_thread_ms'] / g['steady_ms'] for g in got])}")
+                if kind == "halves":
+                    for k, which in enumerate(("first", "second")):
+                        log(f"    the {which} half: {_range([g['halves_ms'][k] for g in got])} ms, "
+                            f"{_range([g['halves_faults'][k] for g in got])} page faults")
                 if kind == "bound":
                     log("    halves: " + ", ".join(f"{a:.2f} and {b:.2f}" for a, b in (g["halves_ms"] for g in got)) + " ms")
+                    log(f"    page faults of a half: {_range([f for g in got for f in g['halves_faults']])}")
     return results
 
 

@@ -318,14 +318,15 @@ def test_encode_breakdown_splits_a_cold_pass(tmp_path, capsys):
             assert min(r["cpu_alone_s"], r["cpu_two_at_once_s"]) > 0
 
 
-def test_batch_threads_times_a_batch_per_thread_its_halves_bound_and_idle_memory(capsys):
+def test_batch_threads_times_a_batch_per_thread_its_halves_bound_halves_in_turn_and_idle_memory(capsys):
     # The shipped 1 MB sample: enough text for a batch to use both threads. One fresh process
     # per measurement; the bound's child checks that its halves' ids, joined, are one call per
     # document's (it fails otherwise, which `spawn` raises).
     script = load_script("batch_threads")
     corpus = str(sample_corpus_path())
-    results = script.measure([corpus], ["timeline", "bound", "idle"], runs=1, sleep=0.01,
-                             log=lambda line: None)
+    lines = []
+    results = script.measure([corpus], ["timeline", "bound", "halves", "idle"], runs=1, sleep=0.01,
+                             log=lines.append)
     timeline = [r for r in results if r["what"] == "timeline"]
     assert len(timeline) == 1
     threads = timeline[0]["threads"]
@@ -341,6 +342,15 @@ def test_batch_threads_times_a_batch_per_thread_its_halves_bound_and_idle_memory
     assert sum(bound[0]["halves_bytes"]) == size
     assert abs(bound[0]["halves_bytes"][0] - bound[0]["halves_bytes"][1]) < size // 10
     assert bound[0]["ms"] >= max(bound[0]["halves_ms"])
+    assert len(bound[0]["halves_faults"]) == 2 and min(bound[0]["halves_faults"]) >= 0
+    # The halves in turn, the second on the first one's CPU and on the other: each timed alone
+    halves = {tuple(r["cpus"]): r for r in results if r["what"] == "halves"}
+    assert set(halves) == {(0, 0), (0, 1)}
+    for r in halves.values():
+        assert len(r["halves_ms"]) == 2 and min(r["halves_ms"]) > 0
+        assert r["ms"] == pytest.approx(sum(r["halves_ms"]))
+        assert len(r["halves_faults"]) == 2 and min(r["halves_faults"]) >= 0
+    assert sum("the first half" in line for line in lines) == 2
     by_sleep = {r["sleep"]: r["ms"] for r in results if r["what"] == "doc" and r["tool"] == "nbbpe"
                 and "sleep" in r}
     assert set(by_sleep) == {0.0, 0.01} and min(by_sleep.values()) > 0
