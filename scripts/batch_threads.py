@@ -173,6 +173,15 @@ def halves_of(tok, docs: list[str]) -> list[tuple]:
     return made
 
 
+def tokenizer_and_halves(corpus: str) -> tuple:
+    """(nbbpe's Tokenizer, built and warmed up for 2 threads, the corpus's documents, their
+    `halves_of`), this process on both CPUs."""
+    os.sched_setaffinity(0, {0, 1})
+    _, tok = build("nbbpe", 2)
+    docs = [d.decode() for d in documents(corpus)]
+    return tok, docs, halves_of(tok, docs)
+
+
 def ready_thread(tok, cpu: int) -> None:
     """This thread on `cpu`, with its state made and its group buffers written."""
     os.sched_setaffinity(0, {cpu})
@@ -180,16 +189,23 @@ def ready_thread(tok, cpu: int) -> None:
     tok._thread_state().ready_for_groups()
 
 
-def bound(corpus: str) -> dict:
-    """Two halves of the corpus's UTF-8, one `encode_utf8` call each, on two threads at once."""
+def encode_half(tok, half: tuple) -> tuple:
+    """(ids, start, end, page faults) of one `encode_utf8` call on a half (`halves_of`) in this
+    thread: perf_counter times, and this thread's own minor faults."""
     import resource
 
+    f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    t0 = time.perf_counter()
+    ids = tok.encode_utf8(*half)[0]
+    t1 = time.perf_counter()
+    return ids, t0, t1, resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
+
+
+def bound(corpus: str) -> dict:
+    """Two halves of the corpus's UTF-8, one `encode_utf8` call each, on two threads at once."""
     import numpy as np
 
-    os.sched_setaffinity(0, {0, 1})
-    _, tok = build("nbbpe", 2)
-    docs = [d.decode() for d in documents(corpus)]
-    made = halves_of(tok, docs)
+    tok, docs, made = tokenizer_and_halves(corpus)
     spans: dict[int, tuple] = {}
     ids: dict[int, np.ndarray] = {}
     start = threading.Barrier(2)
@@ -198,11 +214,8 @@ def bound(corpus: str) -> dict:
     def half(k):
         ready_thread(tok, k)
         start.wait()
-        f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        t0 = time.perf_counter()
-        ids[k] = tok.encode_utf8(*made[k])[0]
-        spans[k] = (t0, time.perf_counter())
-        faulted[k] = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
+        ids[k], t0, t1, faulted[k] = encode_half(tok, made[k])
+        spans[k] = (t0, t1)
 
     workers = [threading.Thread(target=half, args=(k,)) for k in (0, 1)]
     for worker in workers:
@@ -222,21 +235,13 @@ def bound(corpus: str) -> dict:
 def halves_in_turn(corpus: str, cpus: tuple[int, int]) -> dict:
     """The two halves of `bound` one after the other, each alone on a thread of its own pinned
     to its CPU of `cpus`: what each took and the page faults in it (its thread's own)."""
-    import resource
-
-    os.sched_setaffinity(0, {0, 1})
-    _, tok = build("nbbpe", 2)
-    docs = [d.decode() for d in documents(corpus)]
-    made = halves_of(tok, docs)
+    tok, _, made = tokenizer_and_halves(corpus)
     ms, faulted = [0.0, 0.0], [0, 0]
 
     def half(k):
         ready_thread(tok, cpus[k])
-        f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        t0 = time.perf_counter()
-        tok.encode_utf8(*made[k])
-        ms[k] = (time.perf_counter() - t0) * 1e3
-        faulted[k] = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
+        _, t0, t1, faulted[k] = encode_half(tok, made[k])
+        ms[k] = (t1 - t0) * 1e3
 
     for k in (0, 1):
         worker = threading.Thread(target=half, args=(k,))
@@ -317,6 +322,18 @@ def _range(values) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
+def _label(kind: str, tool: str, slept: float, variant) -> str:
+    """What a measurement's line of the report calls it."""
+    if kind == "faults":
+        return FAULT_KINDS[variant]
+    if kind == "halves":
+        second = "both on CPU 0" if variant == (0, 0) else "the second on CPU 1"
+        return f"the halves in turn, {second}, in all"
+    return {"timeline": "2-thread batch", "bound": "two halves at once",
+            "steady": "2-thread batches one after another, the first"}.get(
+        kind, f"{tool}, one call per document" + (f", after {slept:g} s of sleep" if slept else ""))
+
+
 def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 15) -> list[dict]:
     results = []
     have_gigatoken = bench_peers.tool_available("gigatoken")
@@ -347,15 +364,7 @@ def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 1
                     done.setdefault(key, []).append(result)
             log(f"{name} {what} ({runs} fresh processes each):")
             for (kind, tool, slept, variant), got in done.items():
-                label = {"timeline": "2-thread batch", "bound": "two halves at once",
-                         "steady": "2-thread batches one after another, the first"}.get(
-                    kind, f"{tool}, one call per document" + (f", after {slept:g} s of sleep" if slept else ""))
-                if kind == "faults":
-                    label = FAULT_KINDS[variant]
-                if kind == "halves":
-                    label = ("the halves in turn, " + ("both on CPU 0" if variant == (0, 0)
-                                                       else "the second on CPU 1") + ", in all")
-                log(f"  {label}: {_range([g['ms'] for g in got])} ms")
+                log(f"  {_label(kind, tool, slept, variant)}: {_range([g['ms'] for g in got])} ms")
                 if kind == "faults":
                     log(f"    minor page faults: {_range([g['faults'] for g in got])}")
                 if kind == "timeline":
