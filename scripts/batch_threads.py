@@ -1,7 +1,7 @@
 """Where a 2-thread batch's time goes, and what bounds it: diagnostics for `encode_batch`.
 
-    python scripts/batch_threads.py [CORPUS ...] [--what timeline,bound,halves,idle,steady,faults]
-        [--runs 8] [--sleep 2] [--batches 15] [--json out.json]
+    python scripts/batch_threads.py [CORPUS ...] [--what timeline,bound,ceiling,halves,idle,steady,faults]
+        [--runs 8] [--sleep 2] [--batches 15] [--split 0.5] [--json out.json]
 
 Every run is a fresh process, as in bench_encode.py: GPT-2's files, the tool built and warmed up
 (a small batch, or one call per warm-up text), the corpus's documents read (its `<|endoftext|>`
@@ -19,6 +19,16 @@ lines cut it), then timed at once. Default corpora: the shared web_5M, multi_1M,
   start to the last end, and each half's. Against one call per document on one thread, pinned,
   in the same number of fresh processes, alternated. The halves' ids, joined, must equal one
   call per document's (the run fails otherwise). Also each half's page faults (its thread's).
+- ceiling: what a batch of one kernel call per thread could take at best, against one call per
+  document on one thread (alternated fresh processes). The two parts of the UTF-8 of `bound`,
+  cut at `--split` of the characters (0.5: halves), each one `encode_utf8` call on a thread of its
+  own into that thread's output buffer, every page of which was written beforehand (no page
+  fault, no copy), then its ids cast into one fresh uint16 result (small pages, as a batch's),
+  the second part's at its first byte's place (an upper bound: the same number of fresh pages);
+  both released together. No planning, no Python between calls, no hand-off: the wall time from
+  the first start to the last end. Also each part's time, kernel time and page faults, and
+  "balanced": the mean of the two parts' times, what an even split would take were time linear
+  in the cut. The ids, joined, must equal one call per document's (the run fails otherwise).
 - halves: the same two halves one after the other, each alone on a thread of its own, the
   second on the first one's CPU or on the other CPU (alternated fresh processes): each half's
   time and page faults. What a fresh process pays once, whichever thread runs first, the
@@ -58,7 +68,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_peers  # noqa: E402
 from bench_encode import default_corpora, documents  # noqa: E402
 
-WHATS = ("timeline", "bound", "halves", "idle", "steady", "faults")
+WHATS = ("timeline", "bound", "ceiling", "halves", "idle", "steady", "faults")
 FAULT_KINDS = {"doc": "one call per document, one thread", "batch1": "one batch, num_threads=1",
                "batch2": "one batch, num_threads=2"}
 _VMSTAT = ("thp_fault_alloc", "compact_stall")
@@ -147,19 +157,19 @@ def timeline(corpus: str) -> dict:
             "vmstat": {k: after[k] - before[k] for k in before}}
 
 
-def halves_of(tok, docs: list[str]) -> list[tuple]:
-    """The documents' UTF-8 in two halves of about equal size, each (bytes, where its documents
-    end) for `encode_utf8`: the document that holds the middle is cut where its ids cannot
-    change."""
+def halves_of(tok, docs: list[str], split: float = 0.5) -> list[tuple]:
+    """The documents' UTF-8 in two parts, the first of about `split` of the characters (0.5:
+    halves), each (bytes, where its documents end) for `encode_utf8`: the document that holds the
+    cut is cut where its ids cannot change."""
     import numpy as np
     from nbbpe.corpus import safe_text_cut
 
-    total = sum(map(len, docs))
+    goal = int(sum(map(len, docs)) * split)
     halves: list[list[str]] = [[], []]
     seen = 0
     for doc in docs:
-        if not halves[1] and seen + len(doc) > total // 2:
-            at = safe_text_cut(doc, total // 2 - seen, tok.special_tokens, pattern=tok.pattern)
+        if not halves[1] and seen + len(doc) > goal:
+            at = safe_text_cut(doc, goal - seen, tok.special_tokens, pattern=tok.pattern)
             at = len(doc) if at is None else at
             halves[0].append(doc[:at])
             halves[1].append(doc[at:])
@@ -173,13 +183,13 @@ def halves_of(tok, docs: list[str]) -> list[tuple]:
     return made
 
 
-def tokenizer_and_halves(corpus: str) -> tuple:
+def tokenizer_and_halves(corpus: str, split: float = 0.5) -> tuple:
     """(nbbpe's Tokenizer, built and warmed up for 2 threads, the corpus's documents, their
     `halves_of`), this process on both CPUs."""
     os.sched_setaffinity(0, {0, 1})
     _, tok = build("nbbpe", 2)
     docs = [d.decode() for d in documents(corpus)]
-    return tok, docs, halves_of(tok, docs)
+    return tok, docs, halves_of(tok, docs, split)
 
 
 def ready_thread(tok, cpu: int) -> None:
@@ -230,6 +240,51 @@ def bound(corpus: str) -> dict:
     last = max(e for _, e in spans.values())
     return {"ms": (last - first) * 1e3, "halves_ms": [(spans[k][1] - spans[k][0]) * 1e3 for k in (0, 1)],
             "halves_bytes": [len(made[k][0]) for k in (0, 1)], "halves_faults": faulted}
+
+
+def ceiling(corpus: str, split: float = 0.5) -> dict:
+    """Two parts of the corpus's UTF-8 (`halves_of` at `split`), each one `encode_utf8` call into
+    its thread's output buffer, written beforehand, then cast into one fresh uint16 result; both
+    on two threads at once."""
+    import resource
+
+    import numpy as np
+    from nbbpe.tokenizer import _small_page_block
+
+    tok, docs, made = tokenizer_and_halves(corpus, split)
+    places = (0, len(made[0][0]))  # the second part's at its first byte's: an id a byte at most
+    result = _small_page_block(2 * sum(len(data) for data, _ in made)).view(np.uint16)
+    counts, spans, kernel_ms, faulted = [0, 0], [None, None], [0.0, 0.0], [0, 0]
+    start = threading.Barrier(2)
+
+    def part(k):
+        ready_thread(tok, k)
+        tok._thread_state().output(len(made[k][0]) + 1)[:] = 0  # every page written: no fault
+        start.wait()
+        f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        t0 = time.perf_counter()
+        ids = tok.encode_utf8(*made[k], dtype=None)[0]  # a view of the thread's output buffer
+        t1 = time.perf_counter()
+        result[places[k] : places[k] + len(ids)] = ids
+        spans[k] = (t0, time.perf_counter())
+        kernel_ms[k] = (t1 - t0) * 1e3
+        faulted[k] = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
+        counts[k] = len(ids)
+
+    workers = [threading.Thread(target=part, args=(k,)) for k in (0, 1)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    joined = np.concatenate([result[places[k] : places[k] + counts[k]] for k in (0, 1)])
+    whole = np.concatenate([tok.encode_to_numpy(doc, np.int32) for doc in docs])
+    if not np.array_equal(joined, whole):
+        raise AssertionError("the parts' ids differ from one call per document's")
+    halves_ms = [(end - begin) * 1e3 for begin, end in spans]
+    return {"ms": (max(e for _, e in spans) - min(b for b, _ in spans)) * 1e3,
+            "halves_ms": halves_ms, "balanced_ms": sum(halves_ms) / 2, "kernel_ms": kernel_ms,
+            "halves_bytes": [len(data) for data, _ in made], "halves_faults": faulted,
+            "ids": sum(counts)}
 
 
 def halves_in_turn(corpus: str, cpus: tuple[int, int]) -> dict:
@@ -302,6 +357,8 @@ def run_child(spec: dict) -> dict:
         return timeline(spec["corpus"])
     if what == "bound":
         return bound(spec["corpus"])
+    if what == "ceiling":
+        return ceiling(spec["corpus"], spec["split"])
     if what == "halves":
         return halves_in_turn(spec["corpus"], tuple(spec["cpus"]))
     if what == "steady":
@@ -329,12 +386,15 @@ def _label(kind: str, tool: str, slept: float, variant) -> str:
     if kind == "halves":
         second = "both on CPU 0" if variant == (0, 0) else "the second on CPU 1"
         return f"the halves in turn, {second}, in all"
+    if kind == "ceiling":
+        return f"two parts at once, the first {variant:g} of the text, into one result"
     return {"timeline": "2-thread batch", "bound": "two halves at once",
             "steady": "2-thread batches one after another, the first"}.get(
         kind, f"{tool}, one call per document" + (f", after {slept:g} s of sleep" if slept else ""))
 
 
-def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 15) -> list[dict]:
+def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 15,
+            split: float = 0.5) -> list[dict]:
     results = []
     have_gigatoken = bench_peers.tool_available("gigatoken")
     for corpus in corpora:
@@ -344,6 +404,9 @@ def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 1
                 specs = [[dict(what="timeline", corpus=corpus)]] * runs
             elif what == "bound":
                 specs = [[dict(what="bound", corpus=corpus), dict(what="doc", tool="nbbpe", corpus=corpus)]] * runs
+            elif what == "ceiling":
+                specs = [[dict(what="ceiling", corpus=corpus, split=split),
+                          dict(what="doc", tool="nbbpe", corpus=corpus)]] * runs
             elif what == "halves":
                 specs = [[dict(what="halves", corpus=corpus, cpus=cpus) for cpus in ((0, 0), (0, 1))]] * runs
             elif what == "steady":
@@ -360,7 +423,7 @@ def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 1
                     result = spawn(spec)
                     results.append(dict(spec, round=round_, **result))
                     key = (spec["what"], spec.get("tool", "nbbpe"), spec.get("sleep", 0.0),
-                           spec.get("kind") or tuple(spec.get("cpus", ())))
+                           spec.get("kind") or spec.get("split") or tuple(spec.get("cpus", ())))
                     done.setdefault(key, []).append(result)
             log(f"{name} {what} ({runs} fresh processes each):")
             for (kind, tool, slept, variant), got in done.items():
@@ -389,6 +452,16 @@ def measure(corpora, whats, runs: int, sleep: float, log=print, batches: int = 1
                     for k, which in enumerate(("first", "second")):
                         log(f"    the {which} half: {_range([g['halves_ms'][k] for g in got])} ms, "
                             f"{_range([g['halves_faults'][k] for g in got])} page faults")
+                if kind == "ceiling":
+                    log("    parts: " + ", ".join(f"{a:.2f} and {b:.2f}" for a, b in (g["halves_ms"] for g in got))
+                        + f" ms; balanced {_range([g['balanced_ms'] for g in got])} ms")
+                    log(f"    a part's kernel call {_range([t for g in got for t in g['kernel_ms']])} ms, "
+                        f"page faults {_range([f for g in got for f in g['halves_faults']])}")
+                    alone = done.get(("doc", "nbbpe", 0.0, ()), [])
+                    if len(alone) == len(got):  # the rounds' one call per document, by round
+                        log(f"    one call per document over it, by round: {_range([a['ms'] / g['ms'] for a, g in zip(alone, got)])}; "
+                            f"medians: {statistics.median(a['ms'] for a in alone) / statistics.median(g['ms'] for g in got):.3f}, "
+                            f"balanced {statistics.median(a['ms'] for a in alone) / statistics.median(g['balanced_ms'] for g in got):.3f}")
                 if kind == "bound":
                     log("    halves: " + ", ".join(f"{a:.2f} and {b:.2f}" for a, b in (g["halves_ms"] for g in got)) + " ms")
                     log(f"    page faults of a half: {_range([f for g in got for f in g['halves_faults']])}")
@@ -402,6 +475,8 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=8, help="fresh processes per measurement")
     parser.add_argument("--sleep", type=float, default=2.0, help="idle: seconds of sleep before timing")
     parser.add_argument("--batches", type=int, default=15, help="steady: batches per process")
+    parser.add_argument("--split", type=float, default=0.5,
+                        help="ceiling: the first part's share of the characters")
     parser.add_argument("--json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -412,8 +487,10 @@ def main(argv=None) -> int:
     unknown = [w for w in whats if w not in WHATS]
     if unknown:
         parser.error(f"unknown --what {unknown}; known: {', '.join(WHATS)}")
+    if not 0 < args.split < 1:
+        parser.error(f"--split must be between 0 and 1, got {args.split}")
     results = measure(args.corpora or default_corpora(), whats, args.runs, args.sleep,
-                      batches=args.batches)
+                      batches=args.batches, split=args.split)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

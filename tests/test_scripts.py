@@ -318,15 +318,15 @@ def test_encode_breakdown_splits_a_cold_pass(tmp_path, capsys):
             assert min(r["cpu_alone_s"], r["cpu_two_at_once_s"]) > 0
 
 
-def test_batch_threads_times_a_batch_per_thread_its_halves_bound_halves_in_turn_and_idle_memory(capsys):
+def test_batch_threads_times_a_batch_per_thread_its_halves_bound_ceiling_halves_in_turn_and_idle_memory(capsys):
     # The shipped 1 MB sample: enough text for a batch to use both threads. One fresh process
-    # per measurement; the bound's child checks that its halves' ids, joined, are one call per
-    # document's (it fails otherwise, which `spawn` raises).
+    # per measurement; the bound's and the ceiling's children check that their halves' ids,
+    # joined, are one call per document's (they fail otherwise, which `spawn` raises).
     script = load_script("batch_threads")
     corpus = str(sample_corpus_path())
     lines = []
-    results = script.measure([corpus], ["timeline", "bound", "halves", "idle"], runs=1, sleep=0.01,
-                             log=lines.append)
+    results = script.measure([corpus], ["timeline", "bound", "ceiling", "halves", "idle"], runs=1,
+                             sleep=0.01, log=lines.append, split=0.4)
     timeline = [r for r in results if r["what"] == "timeline"]
     assert len(timeline) == 1
     threads = timeline[0]["threads"]
@@ -343,6 +343,17 @@ def test_batch_threads_times_a_batch_per_thread_its_halves_bound_halves_in_turn_
     assert abs(bound[0]["halves_bytes"][0] - bound[0]["halves_bytes"][1]) < size // 10
     assert bound[0]["ms"] >= max(bound[0]["halves_ms"])
     assert len(bound[0]["halves_faults"]) == 2 and min(bound[0]["halves_faults"]) >= 0
+    # The ceiling: two parts (the first 0.4 of the characters) at once, their ids cast into one
+    # fresh result, whose pages the two threads fault in (their output buffers were written)
+    ceiling = [r for r in results if r["what"] == "ceiling"]
+    assert len(ceiling) == 1
+    c = ceiling[0]
+    assert c["split"] == 0.4 and sum(c["halves_bytes"]) == size
+    assert 0.3 * size < c["halves_bytes"][0] < 0.5 * size
+    assert c["ms"] >= max(c["halves_ms"]) and c["balanced_ms"] == pytest.approx(sum(c["halves_ms"]) / 2)
+    assert all(0 < k <= h for k, h in zip(c["kernel_ms"], c["halves_ms"]))
+    assert c["ids"] > 100_000 and sum(c["halves_faults"]) >= 2 * c["ids"] // 4096 - 2
+    assert any(line.startswith("    one call per document over it, by round:") for line in lines)
     # The halves in turn, the second on the first one's CPU and on the other: each timed alone
     halves = {tuple(r["cpus"]): r for r in results if r["what"] == "halves"}
     assert set(halves) == {(0, 0), (0, 1)}
@@ -390,8 +401,9 @@ def test_batch_threads_faults_counts_a_pass_page_faults():
     assert sum("minor page faults" in line for line in lines) == 3
 
 
-def test_batch_threads_bound_fails_on_halves_cut_where_the_ids_change(monkeypatch):
-    # The bound's own check: halves cut inside a word give other ids than one call per document.
+@pytest.mark.parametrize("what", ["bound", "ceiling"])
+def test_batch_threads_bound_and_ceiling_fail_on_halves_cut_where_the_ids_change(monkeypatch, what):
+    # Their own check: halves cut inside a word give other ids than one call per document.
     script = load_script("batch_threads")
     import nbbpe.corpus
 
@@ -404,7 +416,7 @@ def test_batch_threads_bound_fails_on_halves_cut_where_the_ids_change(monkeypatc
     cpus = os.sched_getaffinity(0)
     try:
         with pytest.raises(AssertionError, match="differ"):
-            script.bound(str(sample_corpus_path()))
+            getattr(script, what)(str(sample_corpus_path()))
     finally:
         os.sched_setaffinity(0, cpus)
 
