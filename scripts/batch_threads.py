@@ -64,6 +64,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_peers  # noqa: E402
 from bench_encode import default_corpora, documents  # noqa: E402
@@ -161,7 +163,6 @@ def halves_of(tok, docs: list[str], split: float = 0.5) -> list[tuple]:
     """The documents' UTF-8 in two parts, the first of about `split` of the characters (0.5:
     halves), each (bytes, where its documents end) for `encode_utf8`: the document that holds the
     cut is cut where its ids cannot change."""
-    import numpy as np
     from nbbpe.corpus import safe_text_cut
 
     goal = int(sum(map(len, docs)) * split)
@@ -192,99 +193,91 @@ def tokenizer_and_halves(corpus: str, split: float = 0.5) -> tuple:
     return tok, docs, halves_of(tok, docs, split)
 
 
-def ready_thread(tok, cpu: int) -> None:
-    """This thread on `cpu`, with its state made and its group buffers written."""
+def ready_thread(tok, cpu: int, out_items: int = 0) -> None:
+    """This thread on `cpu`, with its state made and its group buffers written (its output
+    buffer for at least `out_items` ids, every page of it)."""
     os.sched_setaffinity(0, {cpu})
     tok.encode_utf8(b"warm", None)
-    tok._thread_state().ready_for_groups()
+    state = tok._thread_state()
+    state.ready_for_groups()
+    if out_items:
+        state.output(out_items)[:] = 0
 
 
-def encode_half(tok, half: tuple) -> tuple:
-    """(ids, start, end, page faults) of one `encode_utf8` call on a half (`halves_of`) in this
-    thread: perf_counter times, and this thread's own minor faults."""
+def encode_half(tok, half: tuple, dtype=np.int32, into=None) -> tuple:
+    """(ids, start, end of the call, end of the copy, page faults) of one `encode_utf8` call on
+    a half (`halves_of`) in this thread, its ids as `dtype` (None: a view of the thread's output
+    buffer), then copied to the front of `into`, if given: perf_counter times, and this
+    thread's own minor faults over both."""
     import resource
 
     f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
     t0 = time.perf_counter()
-    ids = tok.encode_utf8(*half)[0]
+    ids = tok.encode_utf8(*half, dtype=dtype)[0]
     t1 = time.perf_counter()
-    return ids, t0, t1, resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
+    if into is not None:
+        into[: len(ids)] = ids
+    t2 = time.perf_counter()
+    return ids, t0, t1, t2, resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
 
 
-def bound(corpus: str) -> dict:
-    """Two halves of the corpus's UTF-8, one `encode_utf8` call each, on two threads at once."""
-    import numpy as np
-
-    tok, docs, made = tokenizer_and_halves(corpus)
-    spans: dict[int, tuple] = {}
-    ids: dict[int, np.ndarray] = {}
+def at_once(tok, run, out_items=(0, 0)) -> list:
+    """[run(0), run(1)], each on a thread of its own made ready on CPU k (`ready_thread`, with
+    `out_items[k]`), both released together."""
     start = threading.Barrier(2)
-    faulted = [0, 0]
-
-    def half(k):
-        ready_thread(tok, k)
-        start.wait()
-        ids[k], t0, t1, faulted[k] = encode_half(tok, made[k])
-        spans[k] = (t0, t1)
-
-    workers = [threading.Thread(target=half, args=(k,)) for k in (0, 1)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    joined = np.concatenate([ids[0], ids[1]])
-    whole = np.concatenate([tok.encode_to_numpy(doc, np.int32) for doc in docs])
-    if not np.array_equal(joined, whole):
-        raise AssertionError("the halves' ids differ from one call per document's")
-    first = min(s for s, _ in spans.values())
-    last = max(e for _, e in spans.values())
-    return {"ms": (last - first) * 1e3, "halves_ms": [(spans[k][1] - spans[k][0]) * 1e3 for k in (0, 1)],
-            "halves_bytes": [len(made[k][0]) for k in (0, 1)], "halves_faults": faulted}
-
-
-def ceiling(corpus: str, split: float = 0.5) -> dict:
-    """Two parts of the corpus's UTF-8 (`halves_of` at `split`), each one `encode_utf8` call into
-    its thread's output buffer, written beforehand, then cast into one fresh uint16 result; both
-    on two threads at once."""
-    import resource
-
-    import numpy as np
-    from nbbpe.tokenizer import _small_page_block
-
-    tok, docs, made = tokenizer_and_halves(corpus, split)
-    places = (0, len(made[0][0]))  # the second part's at its first byte's: an id a byte at most
-    result = _small_page_block(2 * sum(len(data) for data, _ in made)).view(np.uint16)
-    counts, spans, kernel_ms, faulted = [0, 0], [None, None], [0.0, 0.0], [0, 0]
-    start = threading.Barrier(2)
+    results = [None, None]
 
     def part(k):
-        ready_thread(tok, k)
-        tok._thread_state().output(len(made[k][0]) + 1)[:] = 0  # every page written: no fault
+        ready_thread(tok, k, out_items[k])
         start.wait()
-        f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        t0 = time.perf_counter()
-        ids = tok.encode_utf8(*made[k], dtype=None)[0]  # a view of the thread's output buffer
-        t1 = time.perf_counter()
-        result[places[k] : places[k] + len(ids)] = ids
-        spans[k] = (t0, time.perf_counter())
-        kernel_ms[k] = (t1 - t0) * 1e3
-        faulted[k] = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
-        counts[k] = len(ids)
+        results[k] = run(k)
 
     workers = [threading.Thread(target=part, args=(k,)) for k in (0, 1)]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
-    joined = np.concatenate([result[places[k] : places[k] + counts[k]] for k in (0, 1)])
+    return results
+
+
+def check_ids(tok, docs: list[str], parts: list, what: str) -> None:
+    """Fail unless the ids of `parts`, joined, are one call per document's."""
     whole = np.concatenate([tok.encode_to_numpy(doc, np.int32) for doc in docs])
-    if not np.array_equal(joined, whole):
-        raise AssertionError("the parts' ids differ from one call per document's")
-    halves_ms = [(end - begin) * 1e3 for begin, end in spans]
-    return {"ms": (max(e for _, e in spans) - min(b for b, _ in spans)) * 1e3,
-            "halves_ms": halves_ms, "balanced_ms": sum(halves_ms) / 2, "kernel_ms": kernel_ms,
-            "halves_bytes": [len(data) for data, _ in made], "halves_faults": faulted,
-            "ids": sum(counts)}
+    if not np.array_equal(np.concatenate(parts), whole):
+        raise AssertionError(f"the {what}' ids differ from one call per document's")
+
+
+def bound(corpus: str) -> dict:
+    """Two halves of the corpus's UTF-8, one `encode_utf8` call each, on two threads at once."""
+    tok, docs, made = tokenizer_and_halves(corpus)
+    done = at_once(tok, lambda k: encode_half(tok, made[k]))
+    check_ids(tok, docs, [ids for ids, *_ in done], "halves")
+    return {"ms": (max(t1 for _, _, t1, _, _ in done) - min(t0 for _, t0, *_ in done)) * 1e3,
+            "halves_ms": [(t1 - t0) * 1e3 for _, t0, t1, _, _ in done],
+            "halves_bytes": [len(made[k][0]) for k in (0, 1)],
+            "halves_faults": [f for *_, f in done]}
+
+
+def ceiling(corpus: str, split: float = 0.5) -> dict:
+    """Two parts of the corpus's UTF-8 (`halves_of` at `split`), each one `encode_utf8` call into
+    its thread's output buffer, written beforehand, then cast into one fresh uint16 result; both
+    on two threads at once."""
+    from nbbpe.tokenizer import _small_page_block
+
+    tok, docs, made = tokenizer_and_halves(corpus, split)
+    places = (0, len(made[0][0]))  # the second part's at its first byte's: an id a byte at most
+    result = _small_page_block(2 * sum(len(data) for data, _ in made)).view(np.uint16)
+    # each part's ids a view of its thread's output buffer (dtype None), every page written
+    done = at_once(tok, lambda k: encode_half(tok, made[k], None, result[places[k]:]),
+                   out_items=[len(data) + 1 for data, _ in made])
+    counts = [len(ids) for ids, *_ in done]
+    check_ids(tok, docs, [result[places[k] : places[k] + counts[k]] for k in (0, 1)], "parts")
+    halves_ms = [(t2 - t0) * 1e3 for _, t0, _, t2, _ in done]
+    return {"ms": (max(t2 for *_, t2, _ in done) - min(t0 for _, t0, *_ in done)) * 1e3,
+            "halves_ms": halves_ms, "balanced_ms": sum(halves_ms) / 2,
+            "kernel_ms": [(t1 - t0) * 1e3 for _, t0, t1, _, _ in done],
+            "halves_bytes": [len(data) for data, _ in made],
+            "halves_faults": [f for *_, f in done], "ids": sum(counts)}
 
 
 def halves_in_turn(corpus: str, cpus: tuple[int, int]) -> dict:
@@ -295,7 +288,7 @@ def halves_in_turn(corpus: str, cpus: tuple[int, int]) -> dict:
 
     def half(k):
         ready_thread(tok, cpus[k])
-        _, t0, t1, faulted[k] = encode_half(tok, made[k])
+        _, t0, t1, _, faulted[k] = encode_half(tok, made[k])
         ms[k] = (t1 - t0) * 1e3
 
     for k in (0, 1):
